@@ -1,0 +1,192 @@
+"""The bundle manifest: what a model revision is, byte for byte.
+
+A bundle is a directory of files plus this manifest. Each file entry carries its
+relative path, size, sha256, role (graph, weights, config, tokenizer) and, for files
+larger than one chunk, the sha256 of each fixed-size chunk. The manifest is serialized
+canonically (sorted keys, no whitespace, files sorted by path), and the sha256 of that
+serialization is the bundle digest: the model's identity.
+
+Parsing is strict because a manifest names paths that will be written on a node: absolute
+paths, ``..``, empty or duplicate paths, and malformed sizes or digests are rejected with
+a :class:`ManifestError` that says which entry is wrong and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+from enum import Enum
+from typing import Annotated, Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024  # a multiple of every filesystem block size we clone
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_FILES = 100_000
+MANIFEST_NAME = "resident-manifest.json"
+
+
+class ManifestError(ValueError):
+    """A manifest (or a directory being turned into one) is not acceptable."""
+
+
+class Role(str, Enum):
+    graph = "graph"
+    weights = "weights"
+    config = "config"
+    tokenizer = "tokenizer"
+
+
+Hex = Annotated[str, Field(pattern=HEX_RE.pattern)]
+
+
+def check_relative_path(path: str) -> str:
+    """Return ``path`` if it is a safe, normalized, relative POSIX path; raise otherwise."""
+    if not path or path.startswith("/") or "\\" in path or "\x00" in path:
+        raise ManifestError(f"path {path!r} must be relative, non-empty, POSIX, without NUL")
+    if posixpath.normpath(path) != path or path in (".",):
+        raise ManifestError(f"path {path!r} is not normalized")
+    if any(part == ".." for part in path.split("/")):
+        raise ManifestError(f"path {path!r} escapes the bundle with '..'")
+    if path == MANIFEST_NAME:
+        raise ManifestError(f"path {path!r} is reserved for the manifest itself")
+    return path
+
+
+class FileEntry(BaseModel):
+    """One regular file of a bundle."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    size: int = Field(ge=0)
+    sha256: Hex
+    role: Role
+    chunks: tuple[Hex, ...] = ()
+
+    @field_validator("path")
+    @classmethod
+    def _safe_path(cls, v: str) -> str:
+        return check_relative_path(v)
+
+
+class Manifest(BaseModel):
+    """A bundle manifest. ``digest`` is the sha256 of :meth:`canonical_json`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = Field(default=1, alias="schemaVersion")
+    chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, alias="chunkSize", gt=0)
+    files: tuple[FileEntry, ...]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Manifest":
+        if self.schema_version != 1:
+            raise ValueError(f"unsupported schemaVersion {self.schema_version}")
+        if self.chunk_size % 4096:
+            raise ValueError(f"chunkSize {self.chunk_size} is not a multiple of 4096")
+        if len(self.files) > MAX_FILES:
+            raise ValueError(f"{len(self.files)} files exceed the limit of {MAX_FILES}")
+        seen: set[str] = set()
+        dirs: set[str] = set()
+        for f in self.files:
+            if f.path in seen:
+                raise ValueError(f"duplicate path {f.path!r}")
+            seen.add(f.path)
+            parent = posixpath.dirname(f.path)
+            while parent:
+                dirs.add(parent)
+                parent = posixpath.dirname(parent)
+            want = n_chunks(f.size, self.chunk_size)
+            if len(f.chunks) != want:
+                raise ValueError(
+                    f"{f.path!r}: {len(f.chunks)} chunk digests for size {f.size}, expected {want}")
+        clash = seen & dirs
+        if clash:
+            raise ValueError(f"path {sorted(clash)[0]!r} is both a file and a directory")
+        return self
+
+    # -- serialization -------------------------------------------------------------
+    def canonical_json(self) -> bytes:
+        doc = self.model_dump(mode="json", by_alias=True)
+        doc["files"] = sorted(doc["files"], key=lambda f: f["path"])
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.canonical_json()).hexdigest()
+
+    @classmethod
+    def parse(cls, data: bytes | str) -> "Manifest":
+        raw = data.encode() if isinstance(data, str) else data
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"manifest is {len(raw)} bytes, over the limit of {MAX_MANIFEST_BYTES}")
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as e:
+            raise ManifestError(_explain(e)) from None
+
+    # -- views ---------------------------------------------------------------------
+    def by_path(self) -> dict[str, FileEntry]:
+        return {f.path: f for f in self.files}
+
+    def files_with(self, *roles: Role) -> list[FileEntry]:
+        return [f for f in self.files if f.role in roles]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def role_digest(self, *roles: Role) -> str:
+        """Digest of the (path, sha256) pairs of the files with these roles."""
+        pairs = sorted((f.path, f.sha256) for f in self.files_with(*roles))
+        return "sha256:" + hashlib.sha256(json.dumps(pairs).encode()).hexdigest()
+
+    @property
+    def graph_digest(self) -> str:
+        """Identity of what a runtime compiles: graph and config files."""
+        return self.role_digest(Role.graph, Role.config)
+
+    @property
+    def weights_digest(self) -> str:
+        return self.role_digest(Role.weights)
+
+    def identity(self) -> dict[str, str]:
+        return {"bundle": self.digest, "graph": self.graph_digest, "weights": self.weights_digest}
+
+
+def n_chunks(size: int, chunk_size: int) -> int:
+    """Files up to one chunk carry no chunk list; larger ones carry ceil(size/chunk)."""
+    return 0 if size <= chunk_size else -(-size // chunk_size)
+
+
+def chunk_range(entry: FileEntry, index: int, chunk_size: int) -> tuple[int, int]:
+    """(offset, length) of chunk ``index`` of ``entry``."""
+    off = index * chunk_size
+    return off, min(chunk_size, entry.size - off)
+
+
+def check_digest(digest: str) -> str:
+    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+        raise ManifestError(f"digest {digest!r} is not of the form sha256:<64 lowercase hex>")
+    return digest
+
+
+def _explain(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid manifest: " + "; ".join(parts)
+
+
+def build_entries(files: Iterable[FileEntry], chunk_size: int = DEFAULT_CHUNK_SIZE) -> Manifest:
+    try:
+        return Manifest(files=tuple(sorted(files, key=lambda f: f.path)), chunkSize=chunk_size)
+    except ValidationError as e:
+        raise ManifestError(_explain(e)) from None

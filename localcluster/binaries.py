@@ -1,0 +1,118 @@
+"""Kubernetes binaries for the local cluster, built once per machine from Debian sources.
+
+Debian ships etcd as a binary package and Kubernetes only as a source package
+(1.20.2, with its whole vendor tree). We install the build tools from Debian's
+registry, unpack the source, replace the vendored reflect2 (v1.0.1 crashes Go >= 1.18
+builds of kube-apiserver on the first custom-resource create), and build the
+components the way ``debian/rules`` does. The result is cached outside the
+repository under ``$RESIDENT_CACHE`` (default ``/var/cache/resident``), keyed by
+the source version, so later runs only check that the files exist.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+K8S_VERSION = "1.20.2"
+CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+NODE = ("kubelet",)
+BUILD_PACKAGES = (
+    "golang-go", "etcd-server", "dpkg-dev", "rsync", "jq", "openssl",
+    "golang-github-modern-go-reflect2-dev",
+)
+DEB_SRC = "/etc/apt/sources.list.d/resident-deb-src.sources"
+REFLECT2 = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RESIDENT_CACHE", "/var/cache/resident"))
+
+
+def bin_dir() -> Path:
+    return cache_root() / f"kubernetes-{K8S_VERSION}" / "bin"
+
+
+def _run(cmd: list[str], **kw) -> None:
+    log.info("run %s", " ".join(cmd))
+    subprocess.run(cmd, check=True, **kw)
+
+
+def apt_install(packages: tuple[str, ...] | list[str]) -> None:
+    """Install Debian packages that are missing (dpkg says so); no-op when all are there."""
+    missing = [p for p in packages if subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True
+    ).stdout != "install ok installed"]
+    if not missing:
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-qq"], env=env)
+    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env)
+
+
+def _enable_deb_src() -> None:
+    if Path(DEB_SRC).exists():
+        return
+    Path(DEB_SRC).write_text(
+        "Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\n"
+        "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+    _run(["apt-get", "update", "-qq"])
+
+
+def _unpack_source(work: Path) -> Path:
+    tree = work / "k8s"
+    if (tree / "Makefile").exists():
+        return tree
+    _enable_deb_src()
+    work.mkdir(parents=True, exist_ok=True)
+    _run(["apt-get", "source", "--download-only", "kubernetes"], cwd=work)
+    dsc = sorted(glob.glob(str(work / "kubernetes_*.dsc")))[-1]
+    _run(["dpkg-source", "-x", "--skip-patches", dsc, str(tree)], cwd=work)
+    vendored = tree / "vendor/github.com/modern-go/reflect2"
+    shutil.rmtree(vendored)
+    vendored.mkdir()
+    for f in REFLECT2.iterdir():
+        if f.suffix in (".go", ".s"):
+            shutil.copy2(f, vendored / f.name)
+    return tree
+
+
+def ensure_binaries(components: tuple[str, ...] = CONTROL_PLANE) -> Path:
+    """Return the directory holding the requested binaries, building them if needed."""
+    apt_install(BUILD_PACKAGES)
+    out = bin_dir()
+    wanted = [c for c in components if not (out / c).exists()]
+    if not wanted:
+        return out
+    work = cache_root() / f"kubernetes-{K8S_VERSION}" / "src"
+    tree = _unpack_source(work)
+    gopath = tree / ".go/src/k8s.io"
+    gopath.mkdir(parents=True, exist_ok=True)
+    if not (gopath / "kubernetes").exists():
+        (gopath / "kubernetes").symlink_to("../../..")
+    env = dict(
+        os.environ, GOPATH=str(tree / ".go"), CGO_ENABLED="0", HOME=str(work / "home"),
+        GOCACHE=str(cache_root() / "gocache"), GOFLAGS="",
+    )
+    what = " ".join(f"cmd/{c}" for c in wanted)
+    log.info("building %s (first run on this machine: several minutes)", what)
+    _run(["make", f"WHAT={what}"], cwd=tree, env=env)
+    out.mkdir(parents=True, exist_ok=True)
+    for c in wanted:
+        built = tree / "_output/local/bin/linux/amd64" / c
+        tmp = out / f".{c}.tmp"
+        shutil.copy2(built, tmp)
+        tmp.rename(out / c)
+    return out
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    print(ensure_binaries(CONTROL_PLANE + NODE))
