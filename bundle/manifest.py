@@ -190,3 +190,8 @@ def build_entries(files: Iterable[FileEntry], chunk_size: int = DEFAULT_CHUNK_SI
         return Manifest(files=tuple(sorted(files, key=lambda f: f.path)), chunkSize=chunk_size)
     except ValidationError as e:
         raise ManifestError(_explain(e)) from None
+
+
+def revision_dirname(digest: str) -> str:
+    """Directory name of a revision in stores and volumes: ``sha256-<hex>``."""
+    return check_digest(digest).replace(":", "-", 1)

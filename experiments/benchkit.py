@@ -1,0 +1,62 @@
+"""Shared rules for every benchmark in experiments/: alternate arms, keep raw, recompute.
+
+A benchmark runs its arms side by side on the same machine, n >= 5 rounds, alternating
+the order each round (ABAB..., then BABA...), and writes every sample to ``raw.json``.
+``summarize`` turns raw samples into median and IQR per arm and the ratios between arms;
+each folder's ``verify.py`` calls it again on ``raw.json`` and checks that the stored
+``summary.json`` matches, so no figure exists that the raw data does not produce.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Callable
+
+
+def order(round_index: int, arms: list[str]) -> list[str]:
+    """Arm order for one round: forward on even rounds, reversed on odd ones."""
+    return arms if round_index % 2 == 0 else list(reversed(arms))
+
+
+def run_rounds(n: int, arms: dict[str, Callable[[], dict]]) -> list[dict]:
+    """Run every arm once per round in alternating order; each call returns a sample dict."""
+    if n < 5:
+        raise ValueError("benchmarks need n >= 5 rounds")
+    samples = []
+    for i in range(n):
+        for name in order(i, list(arms)):
+            sample = arms[name]()
+            samples.append({"round": i, "arm": name, **sample})
+    return samples
+
+
+def stats(values: list[float]) -> dict:
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return {"n": len(values), "median": median, "q1": q1, "q3": q3, "iqr": q3 - q1}
+
+
+def summarize(samples: list[dict], metric: str, ratios: dict[str, tuple[str, str]]) -> dict:
+    """Median/IQR of ``metric`` per arm, and median ratios ``name: (numerator, denominator)``."""
+    arms = sorted({s["arm"] for s in samples})
+    per_arm = {a: stats([s[metric] for s in samples if s["arm"] == a]) for a in arms}
+    out = {"metric": metric, "arms": per_arm, "ratios": {}}
+    for name, (num, den) in ratios.items():
+        out["ratios"][name] = per_arm[num]["median"] / per_arm[den]["median"]
+    return out
+
+
+def write(folder: Path, raw: dict, summary: dict) -> None:
+    (folder / "raw.json").write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+
+
+def verify(folder: Path, recompute: Callable[[dict], dict]) -> None:
+    """Recompute the summary from raw.json and fail loudly if summary.json differs."""
+    raw = json.loads((folder / "raw.json").read_text())
+    stored = json.loads((folder / "summary.json").read_text())
+    fresh = json.loads(json.dumps(recompute(raw), sort_keys=True))
+    if fresh != stored:
+        raise SystemExit(f"{folder}: summary.json does not match raw.json\nstored={stored}\nfresh={fresh}")
+    print(f"{folder.name}: summary reproduced from {folder / 'raw.json'}")
