@@ -21,7 +21,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 K8S_VERSION = "1.20.2"
-CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 NODE = ("kubelet",)
 BUILD_PACKAGES = (
     "golang-go", "etcd-server", "dpkg-dev", "rsync", "jq", "openssl",

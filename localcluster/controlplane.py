@@ -1,0 +1,189 @@
+"""A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, controller-manager, scheduler.
+
+Tests and the demo use the same :class:`ControlPlane`. It builds or reuses the binaries
+(:mod:`localcluster.binaries`), makes a throw-away state directory (etcd data,
+certificates, a service-account key pair, a static admin token), starts the four
+processes on free loopback ports, writes a kubeconfig and waits for ``/readyz``.
+``stop()`` ends every process it started by PID; it also runs at exit.
+
+The API server is the real 1.20 server: schema validation, the status subresource,
+watches, RBAC and admission are what a cluster would do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from .binaries import CONTROL_PLANE, ensure_binaries
+from .processes import ProcessGroup, free_port
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+CRD_DIR = REPO / "crds"
+
+
+class ControlPlane:
+    def __init__(self, state_dir: Path | None = None, extra_apiserver_flags: list[str] = ()):
+        self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="resident-cp-"))
+        self.extra_apiserver_flags = list(extra_apiserver_flags)
+        self.token = secrets.token_hex(16)
+        self.port = 0
+        self.kubeconfig = str(self.state_dir / "kubeconfig")
+        self.processes = ProcessGroup(self.state_dir / "logs")
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> "ControlPlane":
+        self.bin_dir = bins = ensure_binaries(CONTROL_PLANE)
+        self._make_credentials()
+        etcd_port, peer_port = free_port(), free_port()
+        self.port = free_port()
+        self.processes.start("etcd", [
+            "etcd", "--data-dir", str(self.state_dir / "etcd"), "--name", "resident",
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"resident=http://127.0.0.1:{peer_port}",
+        ])
+        d = self.state_dir
+        self.processes.start("kube-apiserver", [
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.port}", "--advertise-address=127.0.0.1",
+            f"--cert-dir={d / 'certs'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            f"--token-auth-file={d / 'tokens.csv'}",
+            "--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true", "--endpoint-reconciler-type=none",
+            *self.extra_apiserver_flags,
+        ])
+        self._write_kubeconfig()
+        self._wait_ready(timeout)
+        common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--port=0", "--secure-port=0"]
+        self.processes.start("kube-controller-manager", [
+            str(bins / "kube-controller-manager"), *common,
+            f"--service-account-private-key-file={d / 'sa.key'}",
+            f"--root-ca-file={d / 'certs' / 'apiserver.crt'}",
+            "--use-service-account-credentials=false", "--controllers=*,-csrsigning",
+        ])
+        self.processes.start("kube-scheduler", [str(bins / "kube-scheduler"), *common])
+        return self
+
+    def stop(self) -> None:
+        self.processes.stop()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> "ControlPlane":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- set-up pieces ---------------------------------------------------------------
+    def _make_credentials(self) -> None:
+        d = self.state_dir
+        (d / "certs").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["openssl", "genrsa", "-out", str(d / "sa.key"), "2048"],
+                       check=True, capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub")],
+                       check=True, capture_output=True)
+        (d / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
+
+    def _write_kubeconfig(self) -> None:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "resident-local",
+            "clusters": [{"name": "resident-local",
+                          "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [{"name": "resident-local",
+                          "context": {"cluster": "resident-local", "user": "admin"}}],
+        }
+        Path(self.kubeconfig).write_text(yaml.safe_dump(config))
+
+    def _wait_ready(self, timeout: float) -> None:
+        ctx = ssl._create_unverified_context()  # self-signed serving cert of a loopback server
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self.processes.check_alive()
+            req = urllib.request.Request(f"{self.server}/readyz",
+                                         headers={"Authorization": f"Bearer {self.token}"})
+            try:
+                with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
+                    if resp.status == 200:
+                        log.info("kube-apiserver ready at %s", self.server)
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError) as e:
+                last = str(e)
+            time.sleep(0.3)
+        raise TimeoutError(f"kube-apiserver not ready after {timeout}s ({last}):\n"
+                           + self.processes.log_tail("kube-apiserver"))
+
+    # -- clients ---------------------------------------------------------------------
+    def api_client(self):
+        from kubernetes import client, config
+        return config.new_client_from_config(config_file=self.kubeconfig)
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], text=True,
+                              capture_output=True, check=check, input=input)
+
+    def install_crds(self, crd_dir: Path = CRD_DIR, timeout: float = 30.0) -> list[str]:
+        """Create (or replace) every CRD in ``crd_dir`` and wait until each is Established."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        ext = client.ApiextensionsV1Api(self.api_client())
+        names = []
+        for path in sorted(crd_dir.glob("*.yaml")):
+            body = yaml.safe_load(path.read_text())
+            name = body["metadata"]["name"]
+            try:
+                ext.create_custom_resource_definition(body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                current = ext.read_custom_resource_definition(name)
+                body["metadata"]["resourceVersion"] = current.metadata.resource_version
+                ext.replace_custom_resource_definition(name, body)
+            names.append(name)
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while True:
+                crd = ext.read_custom_resource_definition(name)
+                conds = {c.type: c.status for c in (crd.status.conditions or [])}
+                if conds.get("Established") == "True":
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {name} not Established: {conds}")
+                time.sleep(0.2)
+        return names
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    with ControlPlane() as cp:
+        print(cp.install_crds())
+        print(cp.kubectl("get", "--raw", "/version").stdout)
