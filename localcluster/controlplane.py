@@ -143,7 +143,13 @@ class ControlPlane:
 
     # -- clients ---------------------------------------------------------------------
     def api_client(self):
-        from kubernetes import client, config
+        """A kubernetes client for this server (its certificate is self-signed, on loopback)."""
+        import warnings
+
+        from kubernetes import config
+        from urllib3.exceptions import InsecureRequestWarning
+
+        warnings.filterwarnings("ignore", category=InsecureRequestWarning)
         return config.new_client_from_config(config_file=self.kubeconfig)
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
