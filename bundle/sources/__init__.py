@@ -1,0 +1,64 @@
+"""Bundle sources behind one interface, and ``push`` to the same places.
+
+A *source* is where a node fetches a bundle from; a *push target* is the same place seen
+from the publisher. Three kinds exist, chosen by URI scheme:
+
+- ``file:///dir``: a bundle directory as ``resident bundle build`` writes it;
+- ``http(s)://host/base``: a content-addressed layout (``manifests/``, ``blobs/``);
+- ``oci://host/repo[:tag]``: an OCI artifact in a distribution registry.
+
+Every source verifies a manifest against the digest asked for before parsing it;
+file bytes are handed to the caller raw and verified by the store, or by
+:func:`fetch_verified`. See docs/bundle-sources.md for the layouts and decisions.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from ..manifest import ManifestError
+from .file import FileSource, push_dir
+from .http import HttpSource, push_http
+from .oci import OciSource, push_oci
+from .publish import Progress, TargetConflict
+from .ranged import RetryPolicy
+from .source import Source, fetch_verified, verify_manifest
+
+__all__ = ["Source", "open_source", "push", "fetch_verified", "verify_manifest", "RetryPolicy",
+           "TargetConflict", "FileSource", "HttpSource", "OciSource", "SCHEMES"]
+
+SCHEMES = ("file", "http", "https", "oci", "oci+http", "oci+https")
+
+
+def _scheme(uri: str) -> str:
+    scheme = urlsplit(uri).scheme if isinstance(uri, str) else ""
+    if scheme not in SCHEMES:
+        raise ManifestError(f"{uri!r}: unsupported source; use file:///dir, http(s)://host/base "
+                            "or oci://host/repo[:tag]")
+    return scheme
+
+
+def open_source(uri: str, policy: RetryPolicy | None = None) -> Source:
+    """The source a URI names (no I/O happens until it is read)."""
+    scheme = _scheme(uri)
+    if scheme == "file":
+        return FileSource(uri)
+    if scheme in ("http", "https"):
+        return HttpSource(uri, policy)
+    return OciSource(uri, policy)
+
+
+def push(bundle_dir, target: str, progress: Progress | None = None,
+         policy: RetryPolicy | None = None) -> str:
+    """Publish a built bundle directory to ``target``; return the bundle digest.
+
+    ``progress`` is called with byte counts as file content is sent (or found already
+    present at the target): the bundle's size for file://, its distinct content for
+    http and oci, where each sha256 is stored once.
+    """
+    scheme = _scheme(target)
+    if scheme == "file":
+        return push_dir(bundle_dir, target, progress)
+    if scheme in ("http", "https"):
+        return push_http(bundle_dir, target, progress, policy)
+    return push_oci(bundle_dir, target, progress, policy)

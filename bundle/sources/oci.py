@@ -1,0 +1,131 @@
+"""oci:// sources and targets: a bundle as an OCI artifact in a distribution registry.
+
+A pushed bundle is one OCI image manifest, tagged in the repository:
+
+- its **config** blob is the bundle manifest, in canonical form, with media type
+  ``application/vnd.resident.bundle.manifest.v1+json``. Its digest is therefore the
+  bundle digest itself;
+- one **layer** per file, in manifest order, whose digest is the file's sha256 (so a layer
+  is the file's raw bytes, not a tarball), with media type
+  ``application/vnd.resident.bundle.file.v1`` and annotations naming the path
+  (``org.opencontainers.image.title``) and role (``dev.resident.role``).
+
+Reading needs no tag: ``fetch_manifest(D)`` fetches blob ``D`` (the config) and checks
+its sha256, and file bytes are Range GETs of ``/v2/<name>/blobs/sha256:<file sha256>``,
+resumed after drops like the http source. The tag keeps the artifact referenced (so
+registry garbage collection keeps its blobs) and lets :meth:`OciSource.resolve` find the
+bundle digest a tag points at. A push without a tag uses ``sha256-<hex>`` of the bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Iterator
+
+import requests
+
+from ..errors import SourceUnavailable
+from ..manifest import MAX_MANIFEST_BYTES, FileEntry, check_digest
+from .metrics import PUSHED_BYTES
+from .oci_registry import OCI_MANIFEST, Reference, Registry
+from .publish import FileBody, LocalBundle, Progress, check_sent, open_bundle
+from .ranged import RangedReader, RetryPolicy
+from .source import Source, check_range
+
+CONFIG_TYPE = "application/vnd.resident.bundle.manifest.v1+json"
+LAYER_TYPE = "application/vnd.resident.bundle.file.v1"
+TITLE = "org.opencontainers.image.title"
+ROLE = "dev.resident.role"
+MONOLITHIC_MAX = 64 * 1024 * 1024  # larger blobs go up in PATCH chunks of this size
+
+
+class OciSource(Source):
+    scheme = "oci"
+
+    def __init__(self, uri: str, policy: RetryPolicy | None = None) -> None:
+        super().__init__(uri)
+        self.ref = Reference.parse(uri)
+        self.session = requests.Session()
+        self.reader = RangedReader(self.session, policy or RetryPolicy(), self.scheme)
+
+    def manifest_bytes(self, digest: str) -> bytes:
+        return self.reader.get_small(self.ref.blob_url(digest), MAX_MANIFEST_BYTES).content
+
+    def read(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
+        check_range(entry, offset, length)
+        return self.reader.read(self.ref.blob_url("sha256:" + entry.sha256), offset, length,
+                                entry.path, entry.sha256)
+
+    def resolve(self, tag: str | None = None) -> str:
+        """The bundle digest the tag (default: the URI's tag) points at."""
+        tag = tag or self.ref.tag
+        if not tag:
+            raise SourceUnavailable(f"{self.uri}: no tag to resolve")
+        url = self.ref.manifest_url(tag)
+        body = self.reader.get_small(url, 4 * 1024 * 1024, headers={"Accept": OCI_MANIFEST}).content
+        try:
+            config = json.loads(body)["config"]
+            media, digest = config["mediaType"], check_digest(config["digest"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise SourceUnavailable(f"{url}: not an OCI image manifest ({e})") from None
+        if media != CONFIG_TYPE:
+            raise SourceUnavailable(f"{url}: config media type {media!r}, not a Resident bundle")
+        return digest
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def artifact_manifest(bundle: LocalBundle) -> bytes:
+    """The OCI image manifest that publishes ``bundle`` (config = bundle manifest, layers = files)."""
+    raw = bundle.manifest_bytes
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": CONFIG_TYPE, "digest": bundle.digest, "size": len(raw)},
+        "layers": [{"mediaType": LAYER_TYPE, "digest": "sha256:" + f.sha256, "size": f.size,
+                    "annotations": {TITLE: f.path, ROLE: f.role.value}}
+                   for f in bundle.manifest.files],
+        "annotations": {"dev.resident.bundle.digest": bundle.digest},
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def push_oci(bundle_dir, uri: str, progress: Progress | None = None,
+             policy: RetryPolicy | None = None, part_size: int = MONOLITHIC_MAX) -> str:
+    """Publish a built bundle as an OCI artifact; return the bundle digest."""
+    bundle = open_bundle(bundle_dir)
+    ref = Reference.parse(uri)
+    with requests.Session() as session:
+        registry = Registry(ref, session, policy or RetryPolicy())
+        for entry in bundle.unique_files():
+            digest = "sha256:" + entry.sha256
+            if registry.has_blob(digest, entry.size):
+                if progress:
+                    progress(entry.size)
+                continue
+            _upload_file(registry, bundle, entry, digest, progress, part_size, uri)
+            PUSHED_BYTES.labels("oci").inc(entry.size)
+        raw = bundle.manifest_bytes
+        if not registry.has_blob(bundle.digest, len(raw)):
+            registry.upload_blob(bundle.digest, [raw])
+        registry.put_manifest(ref.tag or bundle.digest.replace(":", "-", 1), artifact_manifest(bundle))
+    return bundle.digest
+
+
+def _upload_file(registry: Registry, bundle: LocalBundle, entry: FileEntry, digest: str,
+                 progress: Progress | None, part_size: int, uri: str) -> None:
+    hasher = hashlib.sha256()
+    bounds = [(off, min(part_size, entry.size - off)) for off in range(0, entry.size, part_size)] or [(0, 0)]
+    bodies = [FileBody(bundle.path_of(entry), off, n, hasher, progress) for off, n in bounds]
+    try:
+        registry.upload_blob(digest, bodies)
+    except SourceUnavailable:
+        if all(b.done for b in bodies):  # the registry refused the bytes: were they changed here?
+            check_sent(entry, hasher, uri)
+        raise
+    finally:
+        for b in bodies:
+            b.close()
+    check_sent(entry, hasher, uri)

@@ -1,0 +1,163 @@
+"""Resumable HTTP reads: Range GETs that pick up after a dropped connection.
+
+Both network sources (the http layout and OCI registries) read file bytes the same way:
+``GET url`` with ``Range: bytes=a-b``, streamed. When the connection drops, times out or
+the server answers 5xx/429 mid-transfer, the read asks again from the first byte it has
+not yet received, so bytes already handed to the caller are never fetched twice. A read
+gives up only after ``attempts`` consecutive failures without progress, with
+:class:`SourceUnavailable` naming the URL, the last cause and how far it got.
+
+A server that ignores Range (answers 200) is read from the start with the leading bytes
+skipped. A server whose object is shorter than the range asked for (416, or a total size
+below the end) raises :class:`IntegrityMismatch` as a truncated file: waiting will not
+make it longer. 404/401/403 and other 4xx answers are final at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import requests
+
+from ..errors import IntegrityMismatch, SourceUnavailable
+from .metrics import FETCHED_BYTES, RETRIES
+from .source import BLOCK_SIZE
+
+log = logging.getLogger("resident.bundle.sources")
+CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+RETRYABLE = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
+class _Retry(Exception):
+    """A server answer that deserves another try (5xx, 429)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard a network source tries before it reports the source unavailable."""
+
+    attempts: int = 5          # consecutive failures without progress before giving up
+    backoff_seconds: float = 0.2  # first wait; doubled each time, capped at 5 s
+    connect_timeout_seconds: float = 5.0
+    read_timeout_seconds: float = 30.0
+
+    @property
+    def timeout(self) -> tuple[float, float]:
+        return (self.connect_timeout_seconds, self.read_timeout_seconds)
+
+    def wait(self, failures: int) -> None:
+        time.sleep(min(5.0, self.backoff_seconds * 2 ** (failures - 1)))
+
+
+def final_status(resp: requests.Response, url: str) -> None:
+    """Raise for answers that end a request: _Retry for 5xx/429, SourceUnavailable for 4xx."""
+    code = resp.status_code
+    if code >= 500 or code == 429:
+        raise _Retry(f"HTTP {code}")
+    if code == 404 or code == 410:
+        raise SourceUnavailable(f"{url}: not found (HTTP {code})")
+    if code >= 400 and code != 416:
+        raise SourceUnavailable(f"{url}: HTTP {code} {resp.reason}")
+
+
+class RangedReader:
+    """Streams byte ranges of URLs over one ``requests.Session`` with bounded resumption."""
+
+    def __init__(self, session: requests.Session, policy: RetryPolicy, scheme: str) -> None:
+        self.session, self.policy, self.scheme = session, policy, scheme
+
+    def read(self, url: str, offset: int, length: int, path: str, sha256: str) -> Iterator[bytes]:
+        """Yield exactly the bytes ``[offset, offset+length)`` of ``url``, resuming as needed.
+
+        ``path``/``sha256`` name the bundle file, for errors only.
+        """
+        pos, end, failures = offset, offset + length, 0
+        while pos < end:
+            try:
+                with self.session.get(url, headers={"Range": f"bytes={pos}-{end - 1}"},
+                                      stream=True, timeout=self.policy.timeout) as resp:
+                    skip = self._start(resp, url, pos, end, offset, path, sha256)
+                    for block in resp.iter_content(BLOCK_SIZE):
+                        if skip:
+                            cut = min(skip, len(block))
+                            block, skip = block[cut:], skip - cut
+                        block = block[:end - pos]
+                        if not block:
+                            continue
+                        pos += len(block)
+                        failures = 0
+                        FETCHED_BYTES.labels(self.scheme).inc(len(block))
+                        yield block
+                        if pos >= end:
+                            break
+                    if pos < end:
+                        raise _Retry("response ended early")
+            except (_Retry, *RETRYABLE) as e:
+                failures += 1
+                self._give_up_or_wait(failures, url, e, f"{pos - offset} of {length} bytes received")
+
+    def get_small(self, url: str, limit: int, headers: dict | None = None) -> requests.Response:
+        """GET a small document (a manifest) whole, with retries; at most ``limit`` bytes."""
+        failures = 0
+        while True:
+            try:
+                resp = self.session.get(url, headers=headers or {}, stream=True,
+                                        timeout=self.policy.timeout)
+                with resp:
+                    final_status(resp, url)
+                    body = bytearray()
+                    for block in resp.iter_content(BLOCK_SIZE):
+                        body += block
+                        if len(body) > limit:
+                            raise SourceUnavailable(f"{url}: document larger than {limit} bytes")
+                resp._content = bytes(body)  # the body as read, for .content / .json()
+                return resp
+            except (_Retry, *RETRYABLE) as e:
+                failures += 1
+                self._give_up_or_wait(failures, url, e, "")
+
+    def _give_up_or_wait(self, failures: int, url: str, cause: Exception, progress: str) -> None:
+        where = f", {progress}" if progress else ""
+        if failures >= self.policy.attempts:
+            raise SourceUnavailable(f"{url}: {_describe(cause)} (gave up after {failures} "
+                                    f"attempts{where})") from cause
+        RETRIES.labels(self.scheme).inc()
+        log.warning("source read failed, retrying", extra={
+            "url": url, "cause": _describe(cause), "attempt": failures})
+        self.policy.wait(failures)
+
+    @staticmethod
+    def _start(resp: requests.Response, url: str, pos: int, end: int, offset: int,
+               path: str, sha256: str) -> int:
+        """Check a response to a Range GET; return how many leading bytes to skip."""
+        def short(total: int) -> IntegrityMismatch:
+            return IntegrityMismatch(path, sha256, None, received=max(0, total - offset),
+                                     wanted=end - offset, detail=f"{url} holds only {total} bytes")
+
+        if resp.status_code == 416:
+            m = re.match(r"^bytes \*/(\d+)$", resp.headers.get("Content-Range", ""))
+            raise short(int(m.group(1)) if m else pos)
+        final_status(resp, url)
+        if resp.status_code == 200:  # Range ignored: the whole object, skip to pos
+            total = resp.headers.get("Content-Length")
+            if total is not None and int(total) < end:
+                raise short(int(total))
+            return pos
+        if resp.status_code != 206:
+            raise SourceUnavailable(f"{url}: unexpected HTTP {resp.status_code} to a Range request")
+        m = CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+        if not m or int(m.group(1)) != pos:
+            raise SourceUnavailable(f"{url}: Content-Range {resp.headers.get('Content-Range')!r} "
+                                    f"does not answer bytes={pos}-{end - 1}")
+        if m.group(3) != "*" and int(m.group(3)) < end:
+            raise short(int(m.group(3)))
+        return 0
+
+
+def _describe(e: Exception) -> str:
+    text = str(e) or type(e).__name__
+    return text if len(text) < 300 else text[:300] + "..."
