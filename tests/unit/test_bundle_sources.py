@@ -1,0 +1,120 @@
+"""Pure checks of bundle sources: URI parsing, manifest verification, the OCI artifact shape."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from bundle.errors import IntegrityMismatch
+from bundle.manifest import FileEntry, Manifest, ManifestError, Role, build_entries
+from bundle.sources import FileSource, HttpSource, OciSource, open_source, verify_manifest
+from bundle.sources.file import dir_from_uri
+from bundle.sources.http import base_from_uri, blob_url, manifest_url
+from bundle.sources.httpserve import OBJECT_PATH
+from bundle.sources.oci import CONFIG_TYPE, LAYER_TYPE, TITLE, artifact_manifest
+from bundle.sources.oci_registry import Reference
+from bundle.sources.publish import LocalBundle
+from bundle.sources.source import check_range
+
+HEX = "ab" * 32
+
+
+def entry(path="a.bin", data=b"hello", role=Role.weights) -> FileEntry:
+    return FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest(), role=role)
+
+
+def test_open_source_picks_the_scheme():
+    assert isinstance(open_source("file:///srv/b"), FileSource)
+    assert isinstance(open_source("http://127.0.0.1:1/x"), HttpSource)
+    assert isinstance(open_source("https://example.invalid/x"), HttpSource)
+    assert isinstance(open_source("oci://127.0.0.1:5000/m/tiny:v1"), OciSource)
+
+
+@pytest.mark.parametrize("uri", ["ftp://h/x", "s3://bucket/x", "/plain/path", "", "file:relative"])
+def test_unsupported_or_malformed_uris_are_refused(uri):
+    with pytest.raises(ManifestError):
+        open_source(uri)
+
+
+def test_file_uri_must_be_absolute_and_local():
+    assert str(dir_from_uri("file:///srv/my%20bundle")) == "/srv/my bundle"
+    for bad in ("file://otherhost/srv", "file:///srv?x=1"):
+        with pytest.raises(ManifestError):
+            dir_from_uri(bad)
+
+
+def test_http_layout_urls():
+    base = base_from_uri("http://127.0.0.1:8700/models/tiny/")
+    assert base == "http://127.0.0.1:8700/models/tiny"
+    assert manifest_url(base, "sha256:" + HEX) == f"{base}/manifests/sha256-{HEX}.json"
+    assert blob_url(base, HEX) == f"{base}/blobs/sha256-{HEX}"
+    with pytest.raises(ManifestError):
+        base_from_uri("http:///nohost")
+
+
+def test_oci_reference_parsing():
+    r = Reference.parse("oci://127.0.0.1:5000/models/tiny:v1")
+    assert (r.registry, r.name, r.tag) == ("http://127.0.0.1:5000", "models/tiny", "v1")
+    assert Reference.parse("oci://localhost:5000/tiny").tag is None
+    assert Reference.parse("oci://registry.example/tiny").registry == "https://registry.example"
+    assert Reference.parse("oci+http://registry.example/tiny").registry == "http://registry.example"
+    assert r.blob_url("sha256:" + HEX) == f"http://127.0.0.1:5000/v2/models/tiny/blobs/sha256:{HEX}"
+
+
+@pytest.mark.parametrize("uri", ["oci://h/Upper", "oci://h/a/../b", "oci://h/a:bad tag", "oci://h/",
+                                 "oci://h/a:" + "t" * 129])
+def test_bad_oci_references_are_refused(uri):
+    with pytest.raises(ManifestError):
+        Reference.parse(uri)
+
+
+def test_verify_manifest_accepts_only_the_digest_asked_for():
+    m = build_entries([entry()])
+    raw = m.canonical_json()
+    assert verify_manifest(raw, m.digest) == m
+    other = build_entries([entry(data=b"other")])
+    with pytest.raises(IntegrityMismatch) as e:
+        verify_manifest(raw, other.digest, "http://127.0.0.1:1/x")
+    assert e.value.actual == m.digest.removeprefix("sha256:")
+    assert "http://127.0.0.1:1/x" in str(e.value)
+    with pytest.raises(ManifestError):
+        verify_manifest(raw, "sha256:XYZ")
+
+
+def test_a_manifest_with_path_traversal_is_rejected_even_when_its_digest_matches():
+    doc = json.loads(build_entries([entry()]).canonical_json())
+    doc["files"][0]["path"] = "../../etc/cron.d/evil"
+    raw = json.dumps(doc).encode()
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    with pytest.raises(ManifestError, match=r"escapes|normalized"):
+        verify_manifest(raw, digest)
+
+
+def test_check_range_refuses_reads_outside_the_file():
+    e = entry(data=b"x" * 10)
+    check_range(e, 0, 10)
+    check_range(e, 10, 0)
+    for off, n in ((0, 11), (-1, 2), (5, -1), (11, 0)):
+        with pytest.raises(ValueError):
+            check_range(e, off, n)
+
+
+def test_server_paths_only_name_content_addressed_objects():
+    assert OBJECT_PATH.match(f"/models/tiny/blobs/sha256-{HEX}")
+    assert OBJECT_PATH.match(f"/manifests/sha256-{HEX}.json")
+    for bad in (f"/../blobs/sha256-{HEX}", f"/a/../blobs/sha256-{HEX}", f"/blobs/sha256-{HEX}/x",
+                "/blobs/sha256-abc", f"/.hidden/blobs/sha256-{HEX}", "/etc/passwd"):
+        assert not OBJECT_PATH.match(bad), bad
+
+
+def test_artifact_manifest_maps_the_bundle_to_config_and_layers(tmp_path):
+    files = [entry("model.safetensors", b"w" * 9), entry("config.json", b"{}", Role.config)]
+    m: Manifest = build_entries(files)
+    doc = json.loads(artifact_manifest(LocalBundle(tmp_path, m)))
+    assert doc["config"] == {"mediaType": CONFIG_TYPE, "digest": m.digest,
+                             "size": len(m.canonical_json())}
+    assert [(l["digest"], l["size"], l["annotations"][TITLE], l["mediaType"]) for l in doc["layers"]] == [
+        ("sha256:" + f.sha256, f.size, f.path, LAYER_TYPE) for f in m.files]
+    assert [l["annotations"]["dev.resident.role"] for l in doc["layers"]] == ["config", "weights"]
