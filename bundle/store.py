@@ -1,0 +1,336 @@
+"""The node content store: verified content by digest, and revision trees built from it.
+
+A store is one directory the bridge owns (it must be one filesystem, for hardlinks)::
+
+    store.db                    catalog (SQLite, WAL): blobs, revisions, leases, work
+    blobs/<k[:2]>/<k>           read-only file contents by content key (sha256-derived)
+    revisions/sha256-<hex>/     read-only revision trees: resident-manifest.json + files,
+                                every file a hardlink to its blob
+    work/<token>/               temporary files of one materialization (+ <token>.lock)
+    locks/<hex>.lock            one flock per digest: one materialization at a time
+    trash/                      what GC and reclaim are deleting
+
+:meth:`Store.materialize` plans the delivery (:mod:`bundle.plan`), builds missing blobs
+(:mod:`bundle.materialize`), stages the tree under ``work/`` and renames it into
+``revisions/``: a tree is complete or absent, never partial. A failure removes the work
+directory; work abandoned by a crash is reclaimed when the store is next opened
+(:mod:`bundle.reclaim`). Leases pin revisions against :meth:`Store.gc`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .catalog import Catalog, now_ns
+from .errors import PlanError, StoreError, StoreFull
+from .manifest import MANIFEST_NAME, Manifest, check_digest, revision_dirname
+from .materialize import BLOB_MODE, BundleSource, Progress, Tally, build_blob
+from .plan import DeliveryPlan, content_key, plan_delivery
+from .reflink import supports_reflink
+from . import reclaim, store_metrics as metrics
+
+__all__ = ["Store", "MaterializeResult", "Lease"]
+log = logging.getLogger("resident.bundle.store")
+TREE_DIR_MODE = 0o555
+
+
+@dataclass(frozen=True)
+class MaterializeResult:
+    digest: str
+    path: Path
+    method: str                      # present | graph-only | rebase | reconstruct
+    fallback_reason: str | None
+    bytes_fetched: int
+    bytes_reused: int
+    bytes_written: int
+    seconds: float
+    verified: bool
+    bytes_cloned: int = 0
+    plan: DeliveryPlan | None = None
+
+    def to_status(self) -> dict:
+        """camelCase fields for a BundleDelivery status."""
+        return {"digest": self.digest, "method": self.method,
+                "fallbackReason": self.fallback_reason, "verified": self.verified,
+                "bytes": {"fetched": self.bytes_fetched, "reused": self.bytes_reused,
+                          "written": self.bytes_written},
+                "seconds": round(self.seconds, 6)}
+
+
+@dataclass(frozen=True)
+class Lease:
+    holder: str
+    digest: str
+    created_ns: int
+
+
+class Store:
+    """A node content store rooted at ``root`` (created if missing)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        for sub in ("blobs", "revisions", "work", "locks", "trash"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.catalog = Catalog(self.root / "store.db")
+        self.reflink = supports_reflink(self.root / "work")
+        self.reclaimed = reclaim.reclaim(self)
+        metrics.STORE_BYTES.set(self.usage_bytes())
+
+    # -- paths and lookups ---------------------------------------------------------
+    def blob_path(self, key: str) -> Path:
+        return self.root / "blobs" / key[:2] / key
+
+    def revision_path(self, digest: str) -> Path:
+        return self.root / "revisions" / revision_dirname(digest)
+
+    def has_revision(self, digest: str) -> bool:
+        return (self.catalog.revision_state(check_digest(digest)) == "ready"
+                and self.revision_path(digest).is_dir())
+
+    def manifest(self, digest: str) -> Manifest:
+        if not self.has_revision(digest):
+            raise StoreError(f"revision {digest} is not in the store")
+        m = Manifest.parse((self.revision_path(digest) / MANIFEST_NAME).read_bytes())
+        if m.digest != digest:
+            raise StoreError(f"store revision {digest} holds a manifest of digest {m.digest}")
+        return m
+
+    def usage_bytes(self) -> int:
+        return self.catalog.usage_bytes()
+
+    def revisions(self) -> list[str]:
+        return sorted(self.catalog.ready_revisions())
+
+    # -- materialization -----------------------------------------------------------
+    @contextlib.contextmanager
+    def _digest_lock(self, digest: str) -> Iterator[None]:
+        fd = os.open(self.root / "locks" / (revision_dirname(digest) + ".lock"),
+                     os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def materialize(self, manifest: Manifest, source: BundleSource, *, donor: str | None = None,
+                    mode: str = "Auto", rebase: str = "Auto", min_reuse: float = 0.5,
+                    progress: Progress | None = None) -> MaterializeResult:
+        """Make revision ``manifest.digest`` present in the store, verified.
+
+        Idempotent; concurrent calls for one digest (threads or processes) serialize on
+        its lock and the later ones return ``method="present"``. Raises IntegrityMismatch,
+        SourceUnavailable, StoreFull or PlanError, leaving no revision behind.
+        """
+        digest, t0 = manifest.digest, time.monotonic()
+        if donor is not None:
+            check_digest(donor)
+        with self._digest_lock(digest):
+            if self.has_revision(digest):
+                self.catalog.touch(digest)
+                return MaterializeResult(digest, self.revision_path(digest), "present", None,
+                                         0, 0, 0, time.monotonic() - t0, True)
+            token = uuid.uuid4().hex
+            work = self.root / "work" / token
+            lock_fd = os.open(self.root / "work" / f"{token}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            published = False
+            try:
+                work.mkdir()
+                plan, donor_dir = self._plan_and_register(manifest, token, donor, mode, rebase,
+                                                          min_reuse)
+                tally = self._build(manifest, plan, source, work, donor_dir, progress)
+                self._publish(manifest, work / "tree", token)
+                published = True
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise StoreFull(f"store filesystem is full materializing {digest}: {e}") from None
+                raise
+            finally:
+                if not published:
+                    self.catalog.finish_work(token, digest, publish=False)
+                reclaim.remove_tree(work)
+                (self.root / "work" / f"{token}.lock").unlink(missing_ok=True)
+                os.close(lock_fd)
+        seconds = time.monotonic() - t0
+        res = MaterializeResult(digest, self.revision_path(digest), plan.method,
+                                plan.fallback_reason, tally.fetched, tally.reused, tally.written,
+                                seconds, True, tally.cloned, plan)
+        self._record(res)
+        return res
+
+    def _plan_and_register(self, manifest: Manifest, token: str, donor: str | None, mode: str,
+                           rebase: str, min_reuse: float) -> tuple[DeliveryPlan, Path | None]:
+        """Plan against the donor and pin it; if GC removed it meanwhile, plan without it."""
+        reason = None
+        for _ in range(2):
+            donor_manifest = None
+            if donor and donor != manifest.digest:
+                if self.has_revision(donor):
+                    donor_manifest = self.manifest(donor)
+                elif mode == "GraphOnly":
+                    raise PlanError(f"graph-only needs donor {donor} on the node; "
+                                    "the store does not hold it")
+                else:
+                    reason = f"donor {donor} is not in the store"
+            plan = plan_delivery(manifest, donor_manifest, mode=mode, rebase=rebase,
+                                 min_reuse=min_reuse, reflink=self.reflink)
+            if reason and plan.fallback_reason is None:
+                plan = _with_reason(plan, reason)
+            keys = {content_key(f, manifest.chunk_size) for f in manifest.files}
+            if self.catalog.begin_work(token, manifest.digest, os.getpid(), manifest.total_bytes,
+                                       keys, donor if donor_manifest else None):
+                return plan, self.revision_path(donor) if donor_manifest else None
+            reason = f"donor {donor} was removed from the store while planning"
+            donor = None
+        raise StoreError("could not register the materialization")  # unreachable
+
+    def _build(self, manifest: Manifest, plan: DeliveryPlan, source: BundleSource, work: Path,
+               donor_dir: Path | None, progress: Progress | None) -> Tally:
+        tally, done = Tally(), set()
+        entries = manifest.by_path()
+        for n, fp in enumerate(plan.files):
+            entry = entries[fp.path]
+            key = content_key(entry, manifest.chunk_size)
+            blob = self.blob_path(key)
+            if key in done or (self.catalog.has_blob(key) and blob.is_file()):
+                tally.reused += entry.size  # content-addressed: already verified and stored
+                if progress:
+                    progress(entry.size)
+            else:
+                tmp = work / f"blob-{n}"
+                build_blob(tmp, entry, fp, manifest.chunk_size, source, donor_dir, self.reflink,
+                           tally, progress)
+                blob.parent.mkdir(exist_ok=True)
+                os.replace(tmp, blob)
+                self.catalog.add_blob(key, entry.size)
+            done.add(key)
+        tree = work / "tree"
+        tree.mkdir()
+        for entry in manifest.files:
+            dest = tree / entry.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(self.blob_path(content_key(entry, manifest.chunk_size)), dest)
+        mf = tree / MANIFEST_NAME
+        mf.write_bytes(manifest.canonical_json())
+        mf.chmod(BLOB_MODE)
+        for d in sorted((p for p in tree.rglob("*") if p.is_dir()), reverse=True):
+            d.chmod(TREE_DIR_MODE)
+        tree.chmod(TREE_DIR_MODE)
+        return tally
+
+    def _publish(self, manifest: Manifest, tree: Path, token: str) -> None:
+        final = self.revision_path(manifest.digest)
+        if final.exists():  # a leftover nobody references (the catalog says not ready)
+            reclaim.remove_tree(final)
+        os.rename(tree, final)
+        try:
+            dfd = os.open(final.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            self.catalog.finish_work(token, manifest.digest, publish=True)
+        except BaseException:
+            reclaim.remove_tree(final)
+            raise
+
+    def _record(self, res: MaterializeResult) -> None:
+        metrics.DELIVERY_BYTES.labels("fetched").inc(res.bytes_fetched)
+        metrics.DELIVERY_BYTES.labels("reused").inc(res.bytes_reused)
+        metrics.DELIVERY_BYTES.labels("written").inc(res.bytes_written)
+        metrics.MATERIALIZE_SECONDS.labels(res.method).observe(res.seconds)
+        metrics.STORE_BYTES.set(self.usage_bytes())
+        log.info("materialized", extra={
+            "digest": res.digest, "method": res.method, "fallback_reason": res.fallback_reason,
+            "bytes_fetched": res.bytes_fetched, "bytes_reused": res.bytes_reused,
+            "bytes_written": res.bytes_written, "bytes_cloned": res.bytes_cloned,
+            "seconds": round(res.seconds, 4), "reflink": self.reflink})
+
+    # -- trees outside the store ---------------------------------------------------
+    def link_tree(self, digest: str, dest: Path | str) -> Path:
+        """Hardlink revision ``digest`` at ``dest`` (same filesystem), staged then renamed.
+
+        Idempotent when ``dest`` already holds this revision; refuses any other ``dest``
+        that exists. Hold a lease on ``digest`` while doing this.
+        """
+        dest = Path(dest)
+        manifest = self.manifest(digest)
+        if dest.exists() or dest.is_symlink():
+            mf = dest / MANIFEST_NAME
+            if mf.is_file() and mf.read_bytes() == manifest.canonical_json():
+                return dest
+            raise StoreError(f"{dest} exists and is not a tree of revision {digest}")
+        src = self.revision_path(digest)
+        stage = dest.parent / f".{dest.name}.staging-{uuid.uuid4().hex[:12]}"
+        try:
+            stage.mkdir(parents=True)
+            for entry in manifest.files:
+                target = stage / entry.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(src / entry.path, target)
+            os.link(src / MANIFEST_NAME, stage / MANIFEST_NAME)
+            os.rename(stage, dest)
+        except OSError as e:
+            reclaim.remove_tree(stage)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"no space to link {digest} at {dest}: {e}") from None
+            if e.errno == errno.ENOENT and not self.has_revision(digest):
+                raise StoreError(f"revision {digest} was removed while linking it") from None
+            raise
+        self.catalog.touch(digest)
+        return dest
+
+    # -- leases and GC -------------------------------------------------------------
+    def acquire_lease(self, holder: str, digest: str) -> bool:
+        """Pin ``digest`` for ``holder``; returns whether the revision is present now.
+
+        A lease may be taken before the revision is materialized (it then pins it from
+        the moment it appears). Taking the same lease again is a no-op; a holder holds one
+        lease, so a different digest for an existing holder is refused.
+        """
+        check_digest(digest)
+        if not holder or holder.startswith("work:"):
+            raise StoreError(f"lease holder {holder!r} must be non-empty and not start with 'work:'")
+        with self.catalog.write() as db:
+            row = db.execute("SELECT digest FROM leases WHERE holder=?", (holder,)).fetchone()
+            if row and row[0] != digest:
+                raise StoreError(f"holder {holder!r} already leases {row[0]}; release it first")
+            if not row:
+                db.execute("INSERT INTO leases VALUES (?,?,?)", (holder, digest, now_ns()))
+            state = db.execute("SELECT state FROM revisions WHERE digest=?", (digest,)).fetchone()
+            db.execute("UPDATE revisions SET last_used_ns=? WHERE digest=?", (now_ns(), digest))
+        log.info("lease acquired", extra={"holder": holder, "digest": digest})
+        return bool(state and state[0] == "ready")
+
+    def release_lease(self, holder: str) -> bool:
+        with self.catalog.write() as db:
+            n = db.execute("DELETE FROM leases WHERE holder=? AND holder NOT LIKE 'work:%'",
+                           (holder,)).rowcount
+        if n:
+            log.info("lease released", extra={"holder": holder})
+        return bool(n)
+
+    def leases(self) -> list[Lease]:
+        return [Lease(*row) for row in self.catalog.leases()]
+
+    def gc(self, high_water_bytes: int, low_water_bytes: int) -> list[str]:
+        """Above ``high_water_bytes``, remove unleased content LRU-first down to ``low``."""
+        if low_water_bytes > high_water_bytes or low_water_bytes < 0:
+            raise ValueError("need 0 <= low_water_bytes <= high_water_bytes")
+        removed = reclaim.collect(self, high_water_bytes, low_water_bytes)
+        metrics.STORE_BYTES.set(self.usage_bytes())
+        return removed
+
+
+def _with_reason(plan: DeliveryPlan, reason: str) -> DeliveryPlan:
+    from dataclasses import replace
+    return replace(plan, fallback_reason=reason)
