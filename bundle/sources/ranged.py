@@ -15,6 +15,7 @@ make it longer. 404/401/403 and other 4xx answers are final at once.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import re
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import requests
+import urllib3
 
 from ..errors import IntegrityMismatch, SourceUnavailable
 from .metrics import FETCHED_BYTES, RETRIES
@@ -29,7 +31,8 @@ from .source import BLOCK_SIZE
 
 log = logging.getLogger("resident.bundle.sources")
 CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-RETRYABLE = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+RETRYABLE = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+             urllib3.exceptions.HTTPError, http.client.HTTPException, ConnectionError, TimeoutError)
 
 
 class _Retry(Exception):
@@ -81,7 +84,7 @@ class RangedReader:
                 with self.session.get(url, headers={"Range": f"bytes={pos}-{end - 1}"},
                                       stream=True, timeout=self.policy.timeout) as resp:
                     skip = self._start(resp, url, pos, end, offset, path, sha256)
-                    for block in resp.iter_content(BLOCK_SIZE):
+                    for block in _arriving(resp):
                         if skip:
                             cut = min(skip, len(block))
                             block, skip = block[cut:], skip - cut
@@ -110,7 +113,7 @@ class RangedReader:
                 with resp:
                     final_status(resp, url)
                     body = bytearray()
-                    for block in resp.iter_content(BLOCK_SIZE):
+                    for block in _arriving(resp):
                         body += block
                         if len(body) > limit:
                             raise SourceUnavailable(f"{url}: document larger than {limit} bytes")
@@ -156,6 +159,19 @@ class RangedReader:
         if m.group(3) != "*" and int(m.group(3)) < end:
             raise short(int(m.group(3)))
         return 0
+
+
+def _arriving(resp: requests.Response) -> Iterator[bytes]:
+    """Body blocks as they arrive (``read1``), so bytes before a drop still reach the caller.
+
+    ``iter_content`` reads fixed-size blocks and loses a partly filled one when the
+    connection breaks; resuming must start after the last byte actually received.
+    """
+    while True:
+        block = resp.raw.read1(BLOCK_SIZE)
+        if not block:
+            return
+        yield block
 
 
 def _describe(e: Exception) -> str:
