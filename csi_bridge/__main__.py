@@ -1,0 +1,126 @@
+"""``resident bridge``: run the CSI node plugin that delivers bundles to Pods.
+
+Every flag has an environment variable, so the DaemonSet can configure it either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+DESCRIPTION = """\
+Serve the CSI v1 Identity and Node services for driver bundles.resident.dev on a unix
+socket. Pods mount bundles as inline ephemeral CSI volumes (volumeAttributes digest,
+source, model; readOnly: true); the bridge fetches each revision into the node store
+under --root, hardlinks it into a per-volume directory and bind-mounts that read-only
+at kubelet's target. Leases and volume records live in SQLite under --root and survive
+restarts: on start the bridge reconciles them with /proc/self/mountinfo.
+
+With --deliveries it also watches BundleDelivery objects for --node-id and stages the
+requested revisions into live volumes. With --registration-dir it serves kubelet's
+plugin-registration socket itself (for clusters without node-driver-registrar).
+"""
+
+
+def env(name: str, default=None):
+    return os.environ.get(name, default)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="resident bridge", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--endpoint", default=env("CSI_ENDPOINT", "unix:///csi/csi.sock"),
+                   help="CSI socket, unix:///abs/path (env CSI_ENDPOINT; a stale socket file "
+                        "is removed first)")
+    p.add_argument("--node-id", default=env("NODE_NAME", env("KUBE_NODE_NAME")),
+                   help="this node's name, returned by NodeGetInfo and used to pick "
+                        "BundleDeliveries (env NODE_NAME)")
+    p.add_argument("--root", type=Path,
+                   default=Path(env("RESIDENT_BRIDGE_ROOT", "/var/lib/resident-bridge")),
+                   help="directory for the store, volumes and bridge.db; one filesystem "
+                        "(env RESIDENT_BRIDGE_ROOT)")
+    p.add_argument("--metrics-port", type=int, default=int(env("RESIDENT_METRICS_PORT", "9810")),
+                   help="port of /metrics on --metrics-address; -1 disables (env RESIDENT_METRICS_PORT)")
+    p.add_argument("--metrics-address", default=env("RESIDENT_METRICS_ADDRESS", "127.0.0.1"),
+                   help="address /metrics binds (default 127.0.0.1)")
+    p.add_argument("--authorize", choices=("api", "deny", "static", "allow-any"),
+                   default=env("RESIDENT_BRIDGE_AUTHORIZE", "api"),
+                   help="namespace authorization: 'api' reads ResidentModels (falls back to "
+                        "'deny' without API access), 'static' reads --authorize-file, "
+                        "'allow-any' is for conformance suites only")
+    p.add_argument("--authorize-file", type=Path, default=env("RESIDENT_BRIDGE_AUTHORIZE_FILE"),
+                   help='JSON {"namespace": ["sha256:...", ...]} for --authorize=static')
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                   help="kubeconfig for API access (default: in-cluster service account)")
+    p.add_argument("--deliveries", action="store_true",
+                   default=env("RESIDENT_BRIDGE_DELIVERIES", "") in ("1", "true"),
+                   help="watch BundleDeliveries for this node and stage them into live volumes")
+    p.add_argument("--registration-dir", type=Path, default=env("RESIDENT_BRIDGE_REGISTRATION_DIR"),
+                   help="serve kubelet plugin registration at <dir>/bundles.resident.dev-reg.sock "
+                        "(e.g. /var/lib/kubelet/plugins_registry)")
+    p.add_argument("--kubelet-endpoint", default=env("RESIDENT_BRIDGE_KUBELET_ENDPOINT"),
+                   help="CSI socket path as kubelet sees it, for registration (default --endpoint)")
+    p.add_argument("--publish-wait", type=float, default=100.0,
+                   help="seconds a publish waits for a fetch before answering ABORTED with "
+                        "progress (kubelet's call lasts 120 s)")
+    p.add_argument("--log-level", default=env("RESIDENT_LOG_LEVEL", "INFO"),
+                   help="DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr")
+    return p
+
+
+def api_client(kubeconfig: str | None):
+    """A kubernetes ApiClient, or None when no credentials are available."""
+    from kubernetes import client, config
+    try:
+        if kubeconfig:
+            return config.new_client_from_config(config_file=kubeconfig)
+        config.load_incluster_config()
+        return client.ApiClient()
+    except Exception as e:
+        logging.getLogger("resident.bridge").warning(
+            "no Kubernetes API access", extra={"error": str(e)})
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from . import logs
+    from .server import Bridge, BridgeConfig
+
+    logs.configure(args.log_level)
+    log = logging.getLogger("resident.bridge")
+    if not args.node_id:
+        print("resident bridge: --node-id (or NODE_NAME) is required", file=sys.stderr)
+        return 2
+    client = api_client(args.kubeconfig) if (args.authorize == "api" or args.deliveries) else None
+    if args.authorize == "api" and client is None:
+        log.warning("namespace authorization falls back to deny: every publish is refused")
+    try:
+        bridge = Bridge(BridgeConfig(
+            endpoint=args.endpoint, node_id=args.node_id, root=args.root,
+            authorize=args.authorize, authorize_file=args.authorize_file, api_client=client,
+            metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+            metrics_address=args.metrics_address, registration_dir=args.registration_dir,
+            kubelet_endpoint=args.kubelet_endpoint, publish_wait_seconds=args.publish_wait,
+            deliveries=args.deliveries))
+        bridge.start()
+    except ValueError as e:
+        print(f"resident bridge: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if bridge.metrics_port is not None:
+        log.info("metrics", extra={"target": f"http://{args.metrics_address}:{bridge.metrics_port}/metrics"})
+    stop.wait()
+    bridge.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

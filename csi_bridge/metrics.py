@@ -1,0 +1,43 @@
+"""Prometheus metrics of the bridge.
+
+Units are in the names: durations in seconds, sizes in bytes. Lease and volume counts
+are read when scraped, so they are never stale. Store size
+(``resident_store_bytes``) and delivered bytes (``resident_delivery_bytes_total{kind}``)
+are recorded by the bundle store itself in the default registry; the bridge registers its
+own metrics there too in production, so one ``/metrics`` shows both. Tests that run
+several bridges in one process give each a private registry.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class BridgeMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.publish_seconds = Histogram(
+            "resident_publish_duration_seconds", "NodePublishVolume duration by result",
+            ["result"], buckets=BUCKETS, registry=r)
+        self.unpublish_seconds = Histogram(
+            "resident_unpublish_duration_seconds", "NodeUnpublishVolume duration by result",
+            ["result"], buckets=BUCKETS, registry=r)
+        self.requests = Counter(
+            "resident_csi_requests_total", "CSI RPCs by method and gRPC code",
+            ["method", "code"], registry=r)
+        self.stage_seconds = Histogram(
+            "resident_stage_duration_seconds", "BundleDelivery staging duration by result",
+            ["result"], buckets=BUCKETS, registry=r)
+        self.leases = Gauge("resident_store_leases", "Leases held in the node store (volumes and deliveries)",
+                            registry=r)
+        self.publications = Gauge("resident_published_volumes", "Volumes published on this node",
+                                  registry=r)
+
+    def watch(self, leases: Callable[[], float], publications: Callable[[], float]) -> None:
+        self.leases.set_function(leases)
+        self.publications.set_function(publications)

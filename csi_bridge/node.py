@@ -1,0 +1,84 @@
+"""CSI Node service: thin gRPC handlers over the argument checks and the publisher.
+
+Each handler validates its request (``arguments``), calls the publisher, and turns a
+:class:`CsiError` into ``context.abort(code, message)``. Staging is not offered, so
+NodeStageVolume/NodeUnstageVolume/NodeExpandVolume answer UNIMPLEMENTED (the generated
+base class does that). The only capability advertised is GET_VOLUME_STATS.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from . import arguments
+from .proto import csi_pb2, csi_pb2_grpc
+from .publisher import Publisher
+from .status import CsiError
+
+log = logging.getLogger("resident.bridge.node")
+RPC = csi_pb2.NodeServiceCapability.RPC
+KUBELET_TIMEOUT_SECONDS = 120
+
+
+class NodeServicer(csi_pb2_grpc.NodeServicer):
+    def __init__(self, publisher: Publisher, node_id: str, publish_wait_seconds: float = 100.0):
+        if not node_id:
+            raise ValueError("node id is required (--node-id or NODE_NAME)")
+        self.publisher, self.node_id = publisher, node_id
+        self.publish_wait_seconds = publish_wait_seconds
+        self.metrics = publisher.metrics
+
+    def NodeGetCapabilities(self, request, context):
+        return csi_pb2.NodeGetCapabilitiesResponse(capabilities=[
+            csi_pb2.NodeServiceCapability(rpc=RPC(type=RPC.GET_VOLUME_STATS))])
+
+    def NodeGetInfo(self, request, context):
+        return csi_pb2.NodeGetInfoResponse(node_id=self.node_id, max_volumes_per_node=0)
+
+    def NodePublishVolume(self, request, context):
+        start, result = time.monotonic(), "error"
+        try:
+            args = arguments.check_publish(request)
+            remaining = context.time_remaining()
+            wait = self.publish_wait_seconds
+            if remaining is not None:
+                wait = min(wait, max(0.0, remaining - 5.0))
+            result = self.publisher.publish(args, wait)
+            log.info("published", extra={"volume": args.volume_id, "target": args.target_path,
+                                         "digest": args.bundle.digest, "phase": result,
+                                         "namespace": args.pod.namespace or None})
+            return csi_pb2.NodePublishVolumeResponse()
+        except CsiError as e:
+            result = e.code.name.lower()
+            context.abort(e.code, e.message)
+        finally:
+            self.metrics.publish_seconds.labels(result).observe(time.monotonic() - start)
+
+    def NodeUnpublishVolume(self, request, context):
+        start, result = time.monotonic(), "error"
+        try:
+            args = arguments.check_unpublish(request)
+            result = self.publisher.unpublish(args)
+            return csi_pb2.NodeUnpublishVolumeResponse()
+        except CsiError as e:
+            result = e.code.name.lower()
+            context.abort(e.code, e.message)
+        finally:
+            self.metrics.unpublish_seconds.labels(result).observe(time.monotonic() - start)
+
+    def NodeGetVolumeStats(self, request, context):
+        try:
+            args = arguments.check_stats(request)
+            st, used = self.publisher.usage(args.volume_id, args.volume_path)
+        except CsiError as e:
+            context.abort(e.code, e.message)
+        total = st.f_blocks * st.f_frsize
+        return csi_pb2.NodeGetVolumeStatsResponse(
+            usage=[csi_pb2.VolumeUsage(unit=csi_pb2.VolumeUsage.BYTES, total=total, used=used,
+                                       available=0),
+                   csi_pb2.VolumeUsage(unit=csi_pb2.VolumeUsage.INODES, total=st.f_files,
+                                       used=st.f_files - st.f_ffree, available=0)],
+            volume_condition=csi_pb2.VolumeCondition(abnormal=False, message="read-only bundle"))

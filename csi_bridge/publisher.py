@@ -1,0 +1,201 @@
+"""Publish and unpublish: from a validated request to a verified read-only mount and back.
+
+Publish, in order (each step is safe to repeat, so a retry or a restarted bridge picks
+up where the last attempt stopped):
+
+1. Compare with the publication already recorded at the target: the same volume and
+   bundle answers OK once its mount checks out; anything else is ALREADY_EXISTS.
+2. Authorize the Pod's namespace (no filesystem work before this).
+3. Materialize the revision in the store, in the background if it takes long (ABORTED
+   with progress until done).
+4. Record the publication as ``publishing`` and take its lease (holder ``volume:<dir>``).
+5. Build the volume directory (hardlinks from the store, ``current`` link).
+6. Create the target, bind-mount the volume read-only, verify ``ro`` in mountinfo.
+7. Record it ``published``.
+
+Unpublish marks the record ``unpublishing``, unmounts, removes the target and the volume
+directory, releases exactly that publication's lease and deletes the record. An unknown
+volume or an absent target answers OK. Leases are released only here, never on an error
+path.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+import grpc
+
+from bundle.manifest import MANIFEST_NAME
+from . import faults, mountinfo, mounts, volumes
+from .arguments import PublishArgs, UnpublishArgs
+from .authorization import Authorizer, Denied
+from .fetches import Fetch, Fetches
+from .locks import VolumeLocks
+from .metrics import BridgeMetrics
+from .state import BridgeState, Publication
+from .status import CsiError, from_bundle_error
+
+log = logging.getLogger("resident.bridge.publish")
+
+
+def volume_dirname(volume_id: str, target_path: str) -> str:
+    return hashlib.sha256(f"{volume_id}\0{target_path}".encode()).hexdigest()[:32]
+
+
+def lease_holder(volume_dir: str | Path) -> str:
+    return f"volume:{Path(volume_dir).name}"
+
+
+class Publisher:
+    def __init__(self, store, state: BridgeState, volumes_root: Path, authorizer: Authorizer,
+                 metrics: BridgeMetrics, locks: VolumeLocks, open_source):
+        self.store, self.state, self.authorizer = store, state, authorizer
+        self.volumes_root = Path(volumes_root)
+        self.metrics, self.locks = metrics, locks
+        self.open_source = open_source
+        self.fetches = Fetches(self._materialize)
+
+    # -- publish -----------------------------------------------------------------------
+    def publish(self, args: PublishArgs, wait_seconds: float) -> str:
+        """Publish or confirm; returns 'published', 'confirmed' or 'repaired'. Raises CsiError."""
+        with self.locks.hold(f"volume {args.volume_id}", f"target {args.target_path}"):
+            rec = self.state.publication(args.target_path)
+            if rec is not None and rec.state == "unpublishing":
+                self.finish_unpublish(rec)  # an interrupted unpublish is finished first
+                rec = None
+            if rec is not None:
+                if (rec.volume_id, rec.digest) != (args.volume_id, args.bundle.digest):
+                    raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
+                                   f"target {args.target_path} already holds volume {rec.volume_id} "
+                                   f"with bundle {rec.digest}; refusing volume {args.volume_id} "
+                                   f"with bundle {args.bundle.digest}")
+                if rec.state == "published" and self._mount_intact(rec):
+                    return "confirmed"
+            else:
+                if mountinfo.mount_at(args.target_path) is not None:
+                    raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
+                                   f"target {args.target_path} is already a mount point the bridge "
+                                   "did not make")
+                try:
+                    self.authorizer.authorize(args.pod, args.bundle)
+                except Denied as e:
+                    raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
+            self._materialized(args, wait_seconds)
+            if rec is None or rec.state != "publishing":
+                vdir = self.volumes_root / volume_dirname(args.volume_id, args.target_path)
+                rec = self.state.put_publication(Publication(
+                    target_path=args.target_path, volume_id=args.volume_id, volume_dir=str(vdir),
+                    digest=args.bundle.digest, source=args.bundle.source, model=args.bundle.model,
+                    pod_uid=args.pod.uid, pod_namespace=args.pod.namespace, pod_name=args.pod.name,
+                    state="publishing"))
+            self.complete(rec)
+            return "published" if rec.state == "publishing" else "repaired"
+
+    def complete(self, rec: Publication) -> None:
+        """Steps 4-7 for a recorded publication; idempotent, used by publish and reconcile."""
+        vdir, target = Path(rec.volume_dir), Path(rec.target_path)
+        self.store.acquire_lease(lease_holder(vdir), rec.digest)
+        faults.point("publish:after-lease")
+        try:
+            volumes.build(self.store, vdir, rec.digest)
+        except OSError as e:
+            raise CsiError(grpc.StatusCode.INTERNAL, f"building volume for {rec.digest}: {e}") from None
+        faults.point("publish:after-volume")
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CsiError(grpc.StatusCode.INTERNAL, f"creating target {target}: {e.strerror}") from None
+        try:
+            top = mountinfo.mount_at(target)
+            if top is not None and mounts.shows(vdir, target) and not top.read_only:
+                mounts.unmount(target)  # a half-made (read-write) bind from an earlier attempt
+                top = None
+            if top is None:
+                mounts.bind_read_only(vdir, target,
+                                      between=lambda: faults.point("publish:after-bind"))
+            else:
+                mounts.verify_read_only_bind(vdir, target)
+        except mounts.MountError as e:
+            raise CsiError(grpc.StatusCode.INTERNAL, f"mounting {target}: {e}") from None
+        faults.point("publish:after-mount")
+        self.state.set_publication_state(rec.target_path, "published")
+
+    def _mount_intact(self, rec: Publication) -> bool:
+        try:
+            mounts.verify_read_only_bind(Path(rec.volume_dir), Path(rec.target_path))
+        except mounts.MountError:
+            return False
+        return volumes.current_digest(Path(rec.volume_dir)) is not None
+
+    def _materialized(self, args: PublishArgs, wait_seconds: float) -> None:
+        digest = args.bundle.digest
+        if self.store.has_revision(digest):
+            return
+        job = self.fetches.start(digest, args.bundle.source)
+        if not self.fetches.wait(job, wait_seconds):
+            raise CsiError(grpc.StatusCode.ABORTED,
+                           f"{job.describe()}; the fetch continues in the background, retry to "
+                           "finish the publish")
+        if job.error is not None:
+            raise from_bundle_error(job.error, f"delivering {digest}")
+
+    def _materialize(self, job: Fetch):
+        source = self.open_source(job.source)
+        manifest = source.fetch_manifest(job.digest)
+        job.bytes_total = manifest.total_bytes
+        return self.store.materialize(manifest, source, progress=job.progress)
+
+    # -- unpublish ---------------------------------------------------------------------
+    def unpublish(self, args: UnpublishArgs) -> str:
+        """Returns 'unpublished' or 'unknown'; raises CsiError only if a step fails."""
+        with self.locks.hold(f"volume {args.volume_id}", f"target {args.target_path}"):
+            rec = self.state.publication(args.target_path)
+            if rec is None or rec.volume_id != args.volume_id:
+                return "unknown"
+            self.state.set_publication_state(rec.target_path, "unpublishing")
+            self.finish_unpublish(rec)
+            return "unpublished"
+
+    def finish_unpublish(self, rec: Publication) -> None:
+        vdir, target = Path(rec.volume_dir), Path(rec.target_path)
+        try:
+            if mounts.shows(vdir, target) or mountinfo.mount_at(target) is not None:
+                mounts.unmount_all(target)
+            faults.point("unpublish:after-unmount")
+            try:
+                os.rmdir(target)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno == errno.ENOTEMPTY:
+                    raise CsiError(grpc.StatusCode.INTERNAL,
+                                   f"target {target} is not empty after unmount; left in place") from None
+                raise
+            volumes.remove(vdir)
+        except (OSError, mounts.MountError) as e:
+            raise CsiError(grpc.StatusCode.INTERNAL, f"unpublishing {target}: {e}") from None
+        self.store.release_lease(lease_holder(vdir))
+        self.state.delete_publication(rec.target_path)
+
+    # -- stats -------------------------------------------------------------------------
+    def usage(self, volume_id: str, volume_path: str) -> tuple[os.statvfs_result, int]:
+        recs = [r for r in self.state.publications("volume_id=?", (volume_id,))]
+        if not recs:
+            raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not published here")
+        if not any(r.target_path == volume_path.rstrip("/") for r in recs):
+            raise CsiError(grpc.StatusCode.NOT_FOUND,
+                           f"volume {volume_id} is not published at {volume_path}")
+        if not os.path.isdir(volume_path):
+            raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume path {volume_path} does not exist")
+        rec = next(r for r in recs if r.target_path == volume_path.rstrip("/"))
+        used = sum(f.stat().st_size for f in Path(rec.volume_dir).rglob("*")
+                   if f.is_file() and not f.is_symlink())
+        return os.statvfs(volume_path), used
+
+
+__all__ = ["Publisher", "volume_dirname", "lease_holder", "MANIFEST_NAME"]

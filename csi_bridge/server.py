@@ -1,0 +1,173 @@
+"""The bridge process: one object that owns the store, the state, the servers and the watch.
+
+``Bridge(config)`` opens the node store (``<root>/store``), the bridge database
+(``<root>/bridge.db``) and the volume directories (``<root>/volumes``), all on one
+filesystem so revision trees can be hardlinks. ``start()`` reconciles first, then serves
+CSI on the unix socket (a stale socket file is removed before binding), optionally the
+kubelet registration socket, ``/metrics`` on 127.0.0.1, and the BundleDelivery watch.
+``stop()`` stops them in reverse order; mounts stay (they belong to the Pods).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from . import logs
+from .authorization import Authorizer, make_authorizer
+from .identity import DRIVER_NAME, IdentityServicer
+from .locks import VolumeLocks
+from .metrics import BridgeMetrics
+from .node import NodeServicer
+from .proto import csi_pb2_grpc, pluginregistration_pb2_grpc
+from .publisher import Publisher
+from .reconcile import Report, reconcile
+from .registration import RegistrationServicer
+from .state import BridgeState
+
+log = logging.getLogger("resident.bridge")
+VERSION = "0.1.0"
+
+
+@dataclass
+class BridgeConfig:
+    endpoint: str                       # unix:///path/csi.sock
+    node_id: str
+    root: Path                          # store, volumes and bridge.db live here
+    authorize: str = "api"              # api | deny | static | allow-any
+    authorize_file: Path | None = None
+    api_client: object = None           # kubernetes ApiClient, for authorize=api and deliveries
+    metrics_port: int | None = None     # None: no /metrics server; 0: any free port
+    metrics_address: str = "127.0.0.1"
+    registration_dir: Path | None = None  # serve <dir>/<driver>-reg.sock when set
+    kubelet_endpoint: str | None = None   # the CSI path kubelet should dial (GetInfo)
+    publish_wait_seconds: float = 100.0
+    deliveries: bool = False            # watch BundleDeliveries (needs api_client)
+    private_metrics: bool = False       # own registry (several bridges in one process)
+    workers: int = 8
+    extra: dict = field(default_factory=dict)
+
+
+def socket_path(endpoint: str) -> Path:
+    if not endpoint.startswith("unix://"):
+        raise ValueError(f"endpoint {endpoint!r} must be unix:///absolute/path")
+    path = Path(endpoint.removeprefix("unix://"))
+    if not path.is_absolute():
+        raise ValueError(f"endpoint {endpoint!r} must name an absolute socket path")
+    return path
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove a leftover socket file; refuse to delete anything that is not a socket."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ValueError(f"{path} exists and is not a socket; refusing to replace it")
+    os.unlink(path)
+
+
+class Bridge:
+    def __init__(self, config: BridgeConfig):
+        from bundle.sources import open_source
+        from bundle.store import Store
+        from prometheus_client import REGISTRY, CollectorRegistry
+
+        self.config = c = config
+        self.socket = socket_path(c.endpoint)
+        c.root = Path(c.root)
+        c.root.mkdir(parents=True, exist_ok=True)
+        self.store = Store(c.root / "store")
+        self.state = BridgeState(c.root / "bridge.db")
+        self.volumes_root = c.root / "volumes"
+        self.volumes_root.mkdir(exist_ok=True)
+        self.metrics = BridgeMetrics(CollectorRegistry() if c.private_metrics else REGISTRY)
+        self.metrics.watch(lambda: len(self.store.leases()),
+                           lambda: len(self.state.publications("state='published'")))
+        self.authorizer: Authorizer = make_authorizer(c.authorize, api_client=c.api_client,
+                                                      static_file=c.authorize_file)
+        self.locks = VolumeLocks()
+        self.publisher = Publisher(self.store, self.state, self.volumes_root, self.authorizer,
+                                   self.metrics, self.locks, open_source)
+        self.identity = IdentityServicer(VERSION, self.health)
+        self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds)
+        self.registration: RegistrationServicer | None = None
+        self.reconciled: Report | None = None
+        self._servers: list[grpc.Server] = []
+        self._metrics_server = None
+        self.metrics_port: int | None = None
+        self.watcher = None
+
+    def health(self) -> str | None:
+        """None when usable; otherwise why not (store or database unusable)."""
+        root = self.store.root
+        if not root.is_dir() or not os.access(root, os.W_OK | os.X_OK):
+            return f"store {root} is missing or not writable"
+        if not (root / "blobs").is_dir() or not (root / "revisions").is_dir():
+            return f"store {root} is missing its blobs/ or revisions/ directory"
+        try:
+            self.state.ping()
+        except Exception as e:
+            return f"bridge database unusable: {e}"
+        return None
+
+    def _grpc_server(self, path: Path) -> grpc.Server:
+        remove_stale_socket(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.workers),
+                             interceptors=[logs.CallLogger(self.metrics)])
+        server.add_insecure_port(f"unix://{path}")
+        return server
+
+    def start(self) -> "Bridge":
+        c = self.config
+        self.reconciled = reconcile(self.publisher, self.state, self.volumes_root)
+        server = self._grpc_server(self.socket)
+        csi_pb2_grpc.add_IdentityServicer_to_server(self.identity, server)
+        csi_pb2_grpc.add_NodeServicer_to_server(self.node, server)
+        server.start()
+        self._servers.append(server)
+        if c.registration_dir is not None:
+            from .registration import socket_name
+            self.registration = RegistrationServicer(DRIVER_NAME, c.kubelet_endpoint or str(self.socket))
+            reg = self._grpc_server(Path(c.registration_dir) / socket_name(DRIVER_NAME))
+            pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+            reg.start()
+            self._servers.append(reg)
+        if c.metrics_port is not None:
+            from prometheus_client import start_http_server
+            self._metrics_server, _ = start_http_server(c.metrics_port, addr=c.metrics_address,
+                                                        registry=self.metrics.registry)
+            self.metrics_port = self._metrics_server.server_port
+        if c.deliveries:
+            if c.api_client is None:
+                raise ValueError("watching BundleDeliveries needs API access (a kubeconfig)")
+            from .deliveries import DeliveryWatcher
+            self.watcher = DeliveryWatcher(self, c.api_client)
+            self.watcher.start()
+        log.info("bridge serving", extra={"target": str(self.socket), "phase": "started"})
+        return self
+
+    def stop(self, grace: float = 2.0) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        for server in reversed(self._servers):
+            server.stop(grace).wait()
+        self._servers.clear()
+        self.state.close()
+
+    def __enter__(self) -> "Bridge":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

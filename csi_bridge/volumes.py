@@ -1,0 +1,129 @@
+"""The volume directory: what a Pod sees at its CSI mount.
+
+```
+<volume>/current                 -> revisions/sha256-<hex>   (relative symlink)
+<volume>/revisions/sha256-<hex>/ resident-manifest.json + the bundle's files
+```
+Revision trees are hardlink copies of the store's revision (``Store.link_tree``), so
+every Pod of one bundle shares one copy on disk. A revision is linked into
+``<volume>/.incoming/`` first and renamed into ``revisions/`` only when whole, and
+``current`` is replaced by renaming a new symlink over it, so a reader (or a bridge that
+crashed half way) never sees a partial tree. ``.incoming`` is scratch: reconciling a
+volume empties it.
+
+The bind mount shows the whole volume directory, so a revision staged here later (a
+BundleDelivery) appears in the Pod's read-only mount without remounting.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+from bundle.manifest import DIGEST_RE, MANIFEST_NAME, revision_dirname
+from . import mountinfo
+
+INCOMING = ".incoming"
+REVISIONS = "revisions"
+CURRENT = "current"
+
+
+class VolumeError(OSError):
+    """A volume directory cannot be built or removed safely."""
+
+
+def revision_dir(volume: Path, digest: str) -> Path:
+    return Path(volume) / REVISIONS / revision_dirname(digest)
+
+
+def has_revision(volume: Path, digest: str) -> bool:
+    return (revision_dir(volume, digest) / MANIFEST_NAME).is_file()
+
+
+def link_revision(store, volume: Path, digest: str) -> Path:
+    """Hardlink the store's revision ``digest`` into the volume (whole, or not at all)."""
+    volume = Path(volume)
+    final = revision_dir(volume, digest)
+    if final.is_dir():
+        return final
+    incoming = volume / INCOMING
+    clear_incoming(volume)
+    incoming.mkdir(parents=True, exist_ok=True)
+    (volume / REVISIONS).mkdir(parents=True, exist_ok=True)
+    staged = incoming / final.name
+    store.link_tree(digest, staged)
+    if not (staged / MANIFEST_NAME).is_file():
+        # The store's tree lacks the manifest: write it from the store's record.
+        (staged / MANIFEST_NAME).write_bytes(store.manifest(digest).canonical_json())
+    os.rename(staged, final)
+    os.rmdir(incoming)
+    _fsync_dir(volume / REVISIONS)
+    return final
+
+
+def set_current(volume: Path, digest: str) -> None:
+    """Point ``current`` at ``revisions/<digest>`` atomically (rename over the old link)."""
+    volume = Path(volume)
+    if not revision_dir(volume, digest).is_dir():
+        raise VolumeError(errno.ENOENT, f"{volume}: revision {digest} is not staged")
+    tmp = volume / ".current.tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(f"{REVISIONS}/{revision_dirname(digest)}", tmp)
+    os.replace(tmp, volume / CURRENT)
+    _fsync_dir(volume)
+
+
+def current_digest(volume: Path) -> str | None:
+    """The digest ``current`` points at, or None if the link is absent or malformed."""
+    try:
+        target = os.readlink(Path(volume) / CURRENT)
+    except OSError:
+        return None
+    name = target.rsplit("/", 1)[-1]
+    digest = name.replace("-", ":", 1)
+    return digest if DIGEST_RE.match(digest) and has_revision(volume, digest) else None
+
+
+def build(store, volume: Path, digest: str) -> None:
+    """Make ``volume`` hold ``digest`` as its current revision (idempotent)."""
+    Path(volume).mkdir(parents=True, exist_ok=True)
+    link_revision(store, volume, digest)
+    if current_digest(volume) != digest:
+        set_current(volume, digest)
+
+
+def clear_incoming(volume: Path) -> None:
+    incoming = Path(volume) / INCOMING
+    if incoming.exists():
+        refuse_if_mounted(incoming)
+        shutil.rmtree(incoming)
+
+
+def refuse_if_mounted(path: Path) -> None:
+    busy = mountinfo.mounts_under(path)
+    if busy:
+        raise VolumeError(errno.EBUSY, f"{path}: still has a mount at {busy[0].mount_point}; "
+                          "refusing to delete it")
+
+
+def remove(volume: Path) -> bool:
+    """Delete a volume directory that nothing is mounted on or under; False if absent."""
+    volume = Path(volume)
+    if not volume.exists():
+        return False
+    refuse_if_mounted(volume)
+    shutil.rmtree(volume)
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
