@@ -1,0 +1,86 @@
+"""Wire models of the owner control API (see docs/contracts.md, "Owner control API").
+
+Requests are strict (unknown fields and malformed digests are rejected with a clear
+message); responses use the camelCase names of the contract.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+State = Literal["loading", "ready", "transitioning", "quarantined", "unloaded"]
+Result = Literal["running", "succeeded", "failed", "needs-reload"]
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+
+class Identity(Wire):
+    bundle: str
+    graph: str
+    weights: str
+
+
+class Capabilities(Wire):
+    in_place: bool = Field(alias="inPlace")
+
+
+class IdentityResponse(Wire):
+    state: State
+    identity: Identity | None
+    backend: str
+    capabilities: Capabilities
+
+
+class TransitionRequest(Wire):
+    target: str = Field(pattern=DIGEST_PATTERN)
+    path: Literal["GraphOnly", "WholeBundle"]
+    strategy: Literal["Auto", "InPlace", "Reload"] = "Auto"
+
+
+class Timings(Wire):
+    stage_seconds: float | None = Field(default=None, alias="stageSeconds")
+    apply_seconds: float | None = Field(default=None, alias="applySeconds")
+    verify_seconds: float | None = Field(default=None, alias="verifySeconds")
+    first_token_seconds: float | None = Field(default=None, alias="firstTokenSeconds")
+    total_seconds: float | None = Field(default=None, alias="totalSeconds")
+
+
+class TransitionStatus(Wire):
+    id: str
+    from_: str | None = Field(alias="from")
+    to: str
+    requested: Literal["Auto", "InPlace", "Reload"]
+    path: Literal["GraphOnly", "WholeBundle"]
+    strategy: Literal["InPlace", "Reload"] | None = None
+    result: Result = "running"
+    reason: str = ""
+    identity: Identity | None = None
+    graph_reused: bool | None = Field(default=None, alias="graphReused")
+    rows_changed: int | None = Field(default=None, alias="rowsChanged")
+    bytes_read: int | None = Field(default=None, alias="bytesRead")
+    timings: Timings = Field(default_factory=Timings)
+
+
+class GenerateRequest(Wire):
+    prompt: str = Field(min_length=1, max_length=4096)
+    max_tokens: int = Field(default=16, ge=1, le=1024, alias="maxTokens")
+
+
+class GenerateResponse(Wire):
+    text: str
+    tokens: list[int]
+    identity: Identity
+    first_token_seconds: float = Field(alias="firstTokenSeconds")
+
+
+class ErrorResponse(Wire):
+    error: str
+
+
+def dump(model: BaseModel) -> bytes:
+    return model.model_dump_json(by_alias=True).encode()

@@ -1,0 +1,61 @@
+"""The backend protocol every owner runtime speaks: load, describe, generate,
+apply_in_place, reload, close.
+
+A backend holds one model revision on one card. It never takes locks itself: the owner
+runtime serializes inference and transitions around it. ``apply_in_place`` receives an
+already staged and admitted update (see :mod:`owner.inplace`); a backend that cannot
+update in place says so in ``describe()`` and is never asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..inplace import ApplyReport, StagedUpdate
+from ..revisions import Revision
+
+
+class BackendError(RuntimeError):
+    """The backend cannot do what was asked (bad model, not loaded, ...)."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend's SDK or device is not present on this machine."""
+
+
+@dataclass(frozen=True)
+class Description:
+    backend: str
+    in_place: bool
+    identity: dict[str, str] | None
+    variants: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Output:
+    tokens: list[int]
+    text: str
+    first_token_seconds: float
+    logits: list | None = None  # per generated token, for parity checks
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    read_seconds: float
+    compile_seconds: float
+    graph_reused: bool
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def load(self, revision: Revision) -> LoadReport: ...
+    def describe(self) -> Description: ...
+    def variants(self) -> list[str]: ...
+    def generate(self, prompt: str, max_tokens: int, variant: str | None = None) -> Output: ...
+    def stage_in_place(self, revision: Revision) -> StagedUpdate: ...
+    def apply_in_place(self, update: StagedUpdate) -> ApplyReport: ...
+    def reload(self, revision: Revision) -> LoadReport: ...
+    def close(self) -> None: ...

@@ -1,0 +1,109 @@
+"""The compiled graph: the execution plan a runtime derives from config + graph file.
+
+On an NPU the "graph" is a compiled program; compiling it is the expensive, weight-
+independent half of loading a model. The cpu backend mirrors that split honestly: it
+parses ``graph.json`` against ``config.json``, checks every op and every layer, and for
+each serving *variant* (batch, sequence length) precomputes the rotary tables and the
+causal mask and allocates (and touches) the KV-cache arena that generation writes into.
+All of it depends only on the graph digest (graph + config files), so a reload to a
+revision with the same graph digest keeps the compiled graph and skips this work.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+KNOWN_OPS = {"rmsnorm", "linear", "rope", "attention", "add", "gelu", "argmax"}
+MAX_ARENA_BYTES = 64 * 1024 ** 3
+
+
+class GraphError(ValueError):
+    """The graph or config cannot be compiled."""
+
+
+@dataclass
+class Variant:
+    name: str
+    batch: int
+    seq: int
+    cos: np.ndarray  # [seq, head_dim/2]
+    sin: np.ndarray
+    mask: np.ndarray  # [seq, seq] additive causal mask
+    kv: np.ndarray  # [layers, 2, batch, seq, heads, head_dim]
+
+
+@dataclass
+class CompiledGraph:
+    digest: str
+    config: dict
+    variants: list[Variant] = field(default_factory=list)
+
+    @property
+    def head_dim(self) -> int:
+        return self.config["d_model"] // self.config["n_heads"]
+
+    def variant_for(self, length: int) -> Variant:
+        """The smallest variant whose sequence length holds ``length`` tokens."""
+        fits = [v for v in self.variants if v.seq >= length]
+        if not fits:
+            longest = max(v.seq for v in self.variants)
+            raise GraphError(f"{length} tokens exceed the longest compiled variant ({longest})")
+        return min(fits, key=lambda v: (v.seq, v.batch))
+
+
+def _check_config(config: dict) -> None:
+    need = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "norm_eps", "rope_theta")
+    missing = [k for k in need if k not in config]
+    if missing:
+        raise GraphError(f"config.json misses {', '.join(missing)}")
+    if config["d_model"] % config["n_heads"] or (config["d_model"] // config["n_heads"]) % 2:
+        raise GraphError("d_model must split into heads of an even head dimension")
+
+
+def _check_ops(graph: dict, config: dict) -> None:
+    if graph.get("format") != "resident-cpu-graph/v1":
+        raise GraphError(f"graph format {graph.get('format')!r} is not resident-cpu-graph/v1")
+    layers = graph.get("layers", [])
+    if len(layers) != config["n_layers"]:
+        raise GraphError(f"graph has {len(layers)} layers, config says {config['n_layers']}")
+    for i, layer in enumerate(layers):
+        for op in layer["ops"] + (graph["head"] if i == 0 else []):
+            if op.split(":", 1)[0] not in KNOWN_OPS:
+                raise GraphError(f"layer {i}: unknown op {op!r}")
+
+
+def _variant(spec: dict, config: dict) -> Variant:
+    batch, seq = int(spec["batch"]), int(spec["seq"])
+    if batch < 1 or seq < 1:
+        raise GraphError(f"variant {spec.get('name')!r}: batch and seq must be positive")
+    d, heads, layers = config["d_model"], config["n_heads"], config["n_layers"]
+    hd = d // heads
+    if layers * 2 * batch * seq * d * 4 > MAX_ARENA_BYTES:
+        raise GraphError(f"variant {spec.get('name')!r}: KV arena over {MAX_ARENA_BYTES} bytes")
+    inv = np.float32(config["rope_theta"]) ** (-np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))
+    angles = np.arange(seq, dtype=np.float32)[:, None] * inv[None, :]
+    mask = np.triu(np.full((seq, seq), -np.inf, dtype=np.float32), k=1)
+    kv = np.empty((layers, 2, batch, seq, heads, hd), dtype=np.float32)
+    kv.fill(0.0)  # touch every page now, not during the first request
+    return Variant(str(spec.get("name", f"b{batch}-s{seq}")), batch, seq,
+                   np.cos(angles), np.sin(angles), mask, kv)
+
+
+def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str) -> CompiledGraph:
+    """Parse, check and lower the graph for every variant it names."""
+    try:
+        graph, config = json.loads(graph_bytes), json.loads(config_bytes)
+    except ValueError as e:
+        raise GraphError(f"graph or config is not JSON: {e}") from None
+    try:
+        _check_config(config)
+        _check_ops(graph, config)
+        specs = graph["variants"]
+        if not specs:
+            raise GraphError("graph names no variants")
+        return CompiledGraph(digest, config, [_variant(s, config) for s in specs])
+    except (KeyError, TypeError) as e:
+        raise GraphError(f"graph or config is malformed: missing or wrong {e}") from None

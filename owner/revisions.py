@@ -1,0 +1,114 @@
+"""Finding and trusting revisions inside the owner's bundle directory.
+
+The bridge publishes ``<bundle-dir>/current -> revisions/sha256-<hex>`` and stages new
+revisions next to it. The owner loads ``current`` at start and a transition target at
+``revisions/<revision_dirname(target)>``. Every path is resolved (symlinks included) and
+must stay inside the bundle directory; the manifest found there must hash to the digest
+that names it; and file bytes are checked against the manifest's sha256s as they are
+read, so nothing unverified reaches a backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bundle.manifest import FileEntry, Manifest, ManifestError, check_digest, revision_dirname
+from bundle.scan import read_manifest
+
+
+class RevisionError(ValueError):
+    """A revision is missing, escapes the bundle dir, or does not match its digest."""
+
+
+class RevisionNotFound(RevisionError):
+    """No revision directory exists for the requested digest."""
+
+
+class IntegrityError(RevisionError):
+    """Bytes read from a revision do not match the manifest's sha256."""
+
+
+@dataclass(frozen=True)
+class Revision:
+    dir: Path
+    manifest: Manifest
+
+    @property
+    def digest(self) -> str:
+        return self.manifest.digest
+
+    def file(self, entry: FileEntry) -> Path:
+        return inside(self.dir, self.dir / entry.path)
+
+
+def inside(root: Path, path: Path) -> Path:
+    """``path`` with symlinks resolved, if it stays under ``root``; raise otherwise."""
+    real_root = root.resolve()
+    real = path.resolve()
+    if real != real_root and real_root not in real.parents:
+        raise RevisionError(f"{path} resolves to {real}, outside {real_root}")
+    return real
+
+
+def open_revision(bundle_dir: Path, digest: str | None = None) -> Revision:
+    """The revision ``digest`` (or ``current``), with its manifest checked against the digest."""
+    bundle_dir = Path(bundle_dir)
+    if digest is None:
+        link = bundle_dir / "current"
+        if not link.exists():
+            raise RevisionNotFound(f"{link} does not exist: no current revision was delivered")
+        rdir = inside(bundle_dir, link)
+        expected = "sha256:" + rdir.name.removeprefix("sha256-") if rdir.name.startswith("sha256-") else None
+    else:
+        try:
+            name = revision_dirname(digest)
+        except ManifestError as e:
+            raise RevisionError(str(e)) from None
+        candidate = bundle_dir / "revisions" / name
+        if not os.path.lexists(candidate):
+            raise RevisionNotFound(f"revision {digest} is not staged in {bundle_dir}/revisions")
+        rdir = inside(bundle_dir, candidate)
+        expected = digest
+    try:
+        manifest = read_manifest(rdir)
+    except ManifestError as e:
+        raise RevisionError(f"{rdir}: {e}") from None
+    if expected is not None and manifest.digest != check_digest(expected):
+        raise IntegrityError(f"{rdir}: manifest digest {manifest.digest} does not match {expected}")
+    return Revision(rdir, manifest)
+
+
+def read_verified(rev: Revision, entry: FileEntry) -> bytearray:
+    """All bytes of one file, checked against its sha256 (one hash pass, no second one per chunk)."""
+    path = rev.file(entry)
+    chunk = rev.manifest.chunk_size
+    buf = bytearray(entry.size)
+    view = memoryview(buf)
+    whole = hashlib.sha256()
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size != entry.size:
+            raise IntegrityError(f"{entry.path}: size differs from the manifest's {entry.size}")
+        for off in range(0, entry.size, chunk):
+            part = view[off:off + chunk]
+            if f.readinto(part) != len(part):
+                raise IntegrityError(f"{entry.path}: truncated at byte {off}")
+            whole.update(part)
+    if whole.hexdigest() != entry.sha256:
+        raise IntegrityError(f"{entry.path}: sha256 does not match the manifest")
+    return buf
+
+
+def read_range_verified(rev: Revision, entry: FileEntry, index: int) -> bytes:
+    """Chunk ``index`` of a file (the whole file if it has no chunks), hash-checked."""
+    chunk = rev.manifest.chunk_size
+    off, expected = (index * chunk, entry.chunks[index]) if entry.chunks else (0, entry.sha256)
+    length = min(chunk, entry.size - off) if entry.chunks else entry.size
+    with open(rev.file(entry), "rb") as f:
+        f.seek(off)
+        data = f.read(length)
+    if len(data) != length or hashlib.sha256(data).hexdigest() != expected:
+        raise IntegrityError(f"{entry.path}: bytes {off}..{off + length} do not match their digest")
+    return data

@@ -1,0 +1,173 @@
+"""The owner runtime: one backend, its state, and the lock that keeps inference and
+transitions apart.
+
+State machine: ``loading`` until the start revision is loaded (and, with warmup, every
+compiled variant has run once), then ``ready``. A transition moves to ``transitioning``
+and back to ``ready``, or to ``unloaded`` (the model is gone: a reload failed after the
+old runtime was closed, or an in-place restore failed) or ``quarantined`` (staged memory
+could not be released: inference continues, transitions are refused).
+
+Two locks: ``engine`` is held by every generate and by the part of a transition that
+touches live weights, so a request sees either the old or the new identity, never a
+mix; ``transition_guard`` is taken without waiting, so a second transition while one
+runs is refused instead of queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from . import api
+from .backends.base import Backend, BackendError
+from .metrics import OwnerMetrics
+from .revisions import Revision, RevisionError, RevisionNotFound, open_revision
+from .transitions import new_status, run_transition
+
+log = logging.getLogger("resident.owner")
+PROBE_PROMPT = "\n"
+MAX_REMEMBERED = 100
+
+
+class StartupError(RuntimeError):
+    """The owner could not load or warm up its start revision."""
+
+
+class Refused(Exception):
+    """A request the owner will not serve now or at all; ``status`` is the HTTP code."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Owner:
+    def __init__(self, bundle_dir: Path | str, backend: Backend, warmup: bool = False,
+                 metrics: OwnerMetrics | None = None):
+        self.bundle_dir = Path(bundle_dir)
+        self.backend = backend
+        self.warmup = warmup
+        self.metrics = metrics or OwnerMetrics()
+        self.engine = threading.Lock()
+        self.transition_guard = threading.Lock()
+        self.transitions: dict[str, api.TransitionStatus] = {}
+        self.threads: list[threading.Thread] = []
+        self._state = "loading"
+        self.reason = ""
+        self.metrics.set_state("loading")
+
+    # -- state -------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def set_state(self, state: str, reason: str = "") -> None:
+        if state != self._state:
+            log.info("owner state changes", extra={"from_state": self._state, "to_state": state,
+                                                    "reason": reason})
+        self._state, self.reason = state, reason
+        self.metrics.set_state(state)
+
+    def identity(self) -> api.IdentityResponse:
+        d = self.backend.describe()
+        ident = api.Identity(**d.identity) if d.identity else None
+        return api.IdentityResponse(state=self.state, identity=ident, backend=d.backend,
+                                    capabilities=api.Capabilities(inPlace=d.in_place))
+
+    def current(self) -> Revision | None:
+        return getattr(self.backend, "revision", None)
+
+    # -- start -------------------------------------------------------------------
+    def start(self) -> None:
+        """Load ``current`` and warm up; on any failure close the engine and raise."""
+        try:
+            rev = open_revision(self.bundle_dir)
+            report = self.backend.load(rev)
+            self.metrics.load.labels(phase="read").observe(report.read_seconds)
+            self.metrics.load.labels(phase="compile").observe(report.compile_seconds)
+            if self.warmup:
+                for variant in self.backend.variants():
+                    self.backend.generate(PROBE_PROMPT, 1, variant)
+        except Exception as e:
+            self.backend.close()
+            self.set_state("unloaded", f"startup failed: {e}")
+            raise StartupError(f"{type(e).__name__}: {e}") from e
+        log.info("owner loaded", extra={"bundle": rev.digest, "warmup": self.warmup,
+                                        "read_seconds": report.read_seconds,
+                                        "compile_seconds": report.compile_seconds})
+        self.set_state("ready")
+
+    # -- inference ---------------------------------------------------------------
+    def generate(self, req: api.GenerateRequest) -> api.GenerateResponse:
+        t0 = time.perf_counter()
+        with self.engine:
+            if self.state in ("loading", "unloaded"):
+                raise Refused(503, f"owner is {self.state}; no model to run {self.reason}".strip())
+            try:
+                out = self.backend.generate(req.prompt, req.max_tokens)
+            except BackendError as e:
+                raise Refused(400, str(e)) from None
+            ident = self.backend.describe().identity
+        self.metrics.generate.observe(time.perf_counter() - t0)
+        self.metrics.first_token.observe(out.first_token_seconds)
+        return api.GenerateResponse(text=out.text, tokens=out.tokens, identity=api.Identity(**ident),
+                                    firstTokenSeconds=out.first_token_seconds)
+
+    def probe(self) -> float:
+        """Wall time of one token from the live model (the transitions' first-token figure)."""
+        t0 = time.perf_counter()
+        self.backend.generate(PROBE_PROMPT, 1)
+        return time.perf_counter() - t0
+
+    # -- transitions -------------------------------------------------------------
+    def submit(self, req: api.TransitionRequest) -> api.TransitionStatus:
+        """Check the request, then run the transition in a thread; refuse with 4xx."""
+        if self.state in ("quarantined", "unloaded", "loading"):
+            raise Refused(409, f"owner is {self.state}; transitions are refused {self.reason}".strip())
+        if not self.transition_guard.acquire(blocking=False):
+            running = [t.id for t in self.transitions.values() if t.result == "running"]
+            raise Refused(409, f"transition {', '.join(running) or '?'} is already running")
+        try:
+            target = self._target(req)
+            status = new_status(self, req, target)
+        except BaseException:
+            self.transition_guard.release()
+            raise
+        self._remember(status)
+        thread = threading.Thread(target=run_transition, args=(self, status, target),
+                                  name=f"transition-{status.id}", daemon=True)
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
+        return status
+
+    def _target(self, req: api.TransitionRequest) -> Revision:
+        try:
+            target = open_revision(self.bundle_dir, req.target)
+        except RevisionNotFound as e:
+            raise Refused(404, str(e)) from None
+        except RevisionError as e:
+            raise Refused(400, str(e)) from None
+        cur = self.current()
+        if req.path == "GraphOnly" and cur and cur.manifest.weights_digest != target.manifest.weights_digest:
+            raise Refused(400, "path GraphOnly, but the target's weights differ from the live ones")
+        return target
+
+    def _remember(self, status: api.TransitionStatus) -> None:
+        self.transitions[status.id] = status
+        while len(self.transitions) > MAX_REMEMBERED:
+            oldest = next(iter(self.transitions))
+            if self.transitions[oldest].result == "running":
+                break
+            del self.transitions[oldest]
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Join transition threads (tests and shutdown)."""
+        for t in list(self.threads):
+            t.join(timeout)
+
+    def close(self) -> None:
+        self.wait_idle()
+        with self.engine:
+            self.backend.close()

@@ -1,0 +1,145 @@
+"""Running one transition: choose in place or reload, time every phase, report honestly.
+
+``Auto`` tries in place first: if admission says the change cannot be applied in place,
+the strategy chosen is ``Reload`` (a plan, decided before anything live changed).
+``InPlace`` that is not admissible ends as ``needs-reload`` with nothing changed. An
+in-place update that was admitted and then fails is ``failed`` - never turned into a
+reload. Reload closes the old runtime first, so a failed reload leaves the owner
+``unloaded``; its staging step therefore checks that every target file is present with
+the manifest's size before the old runtime is closed.
+
+Phases and their timings: ``stage`` (admission and reading/hash-checking changed chunks,
+or the reload pre-check), ``apply`` (journal + write, or close + load), ``verify``
+(read-back, or identity check of the loaded revision), ``firstToken`` (one token from
+the new identity), ``total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from . import api
+from .inplace import NeedsReload, ReleaseFailed, RestoreFailed, VerifyFailed
+from .revisions import IntegrityError, Revision, RevisionError
+
+if TYPE_CHECKING:
+    from .runtime import Owner
+
+log = logging.getLogger("resident.owner")
+
+
+def new_status(owner: "Owner", req: api.TransitionRequest, target: Revision) -> api.TransitionStatus:
+    cur = owner.current()
+    return api.TransitionStatus(id=uuid.uuid4().hex[:12], **{"from": cur.digest if cur else None},
+                                to=target.digest, requested=req.strategy, path=req.path)
+
+
+def _precheck(target: Revision) -> None:
+    for entry in target.manifest.files:
+        path = target.file(entry)
+        if not path.is_file() or os.stat(path).st_size != entry.size:
+            raise IntegrityError(f"{entry.path}: missing or not {entry.size} bytes in {target.dir}")
+
+
+def _identity(owner: "Owner") -> api.Identity | None:
+    ident = owner.backend.describe().identity
+    return api.Identity(**ident) if ident else None
+
+
+def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings) -> str:
+    t0 = time.perf_counter()
+    update = owner.backend.stage_in_place(target)
+    t.stage_seconds = time.perf_counter() - t0
+    st.strategy, st.bytes_read, st.rows_changed = "InPlace", update.bytes_read, update.rows_changed
+    with owner.engine:
+        try:
+            report = owner.backend.apply_in_place(update)
+        except VerifyFailed as e:
+            st.reason = str(e)
+            return "ready"
+        except RestoreFailed as e:
+            owner.backend.close()
+            st.reason = f"{e}; the model was unloaded"
+            return "unloaded"
+        except ReleaseFailed as e:
+            st.reason = f"{e}; the owner is quarantined ({'new' if e.applied else 'old'} identity live)"
+            return "quarantined"
+        t.apply_seconds, t.verify_seconds = report.apply_seconds, report.verify_seconds
+        t.first_token_seconds = owner.probe()
+    st.result = "succeeded"
+    return "ready"
+
+
+def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings) -> str:
+    st.strategy = "Reload"
+    t0 = time.perf_counter()
+    _precheck(target)
+    t.stage_seconds = time.perf_counter() - t0
+    with owner.engine:
+        t1 = time.perf_counter()
+        try:
+            report = owner.backend.reload(target)
+        except Exception as e:  # noqa: BLE001 - the old runtime is closed: whatever failed, we are unloaded
+            owner.backend.close()
+            st.reason = f"reload failed after closing the old runtime: {type(e).__name__}: {e}"
+            return "unloaded"
+        t2 = time.perf_counter()
+        t.apply_seconds = t2 - t1
+        st.graph_reused = report.graph_reused
+        if owner.backend.describe().identity != target.manifest.identity():
+            owner.backend.close()
+            st.reason = "the reloaded runtime reports another identity than the target"
+            return "unloaded"
+        t.verify_seconds = time.perf_counter() - t2
+        t.first_token_seconds = owner.probe()
+    st.result = "succeeded"
+    return "ready"
+
+
+def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision) -> None:
+    """Body of a transition thread; always leaves ``st`` finished and the guard released."""
+    t = st.timings
+    start = time.perf_counter()
+    owner.set_state("transitioning")
+    final = "ready"
+    try:
+        wants_in_place = st.requested in ("Auto", "InPlace")
+        if wants_in_place and not owner.backend.describe().in_place:
+            if st.requested == "InPlace":
+                raise NeedsReload(f"the {owner.backend.name} backend cannot update in place")
+            wants_in_place = False
+        if wants_in_place:
+            try:
+                final = _in_place(owner, st, target, t)
+            except NeedsReload as e:
+                if st.requested == "InPlace":
+                    raise
+                log.info("in place not admissible, reloading", extra={"transition": st.id, "reason": str(e)})
+                st.reason = f"reload chosen: {e}"
+                final = _reload(owner, st, target, t)
+        else:
+            final = _reload(owner, st, target, t)
+        if st.result == "running":
+            st.result = "failed"
+    except NeedsReload as e:
+        st.result, st.reason = "needs-reload", str(e)
+    except (IntegrityError, RevisionError) as e:
+        st.result, st.reason = "failed", f"target revision rejected: {e}"
+    except Exception as e:  # noqa: BLE001 - a transition thread must always report
+        log.exception("transition crashed", extra={"transition": st.id})
+        st.result, st.reason = "failed", f"{type(e).__name__}: {e}"
+    finally:
+        t.total_seconds = time.perf_counter() - start
+        st.identity = _identity(owner)
+        owner.set_state(final, st.reason if final != "ready" else "")
+        owner.metrics.observe_transition(st.strategy or "None", st.result, {
+            "stage": t.stage_seconds, "apply": t.apply_seconds, "verify": t.verify_seconds,
+            "first_token": t.first_token_seconds, "total": t.total_seconds})
+        log.info("transition finished", extra={"transition": st.id, "result": st.result,
+                                               "strategy": st.strategy, "reason": st.reason,
+                                               "timings": t.model_dump(by_alias=True)})
+        owner.transition_guard.release()
