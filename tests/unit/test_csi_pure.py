@@ -1,0 +1,120 @@
+"""Pure parts of the bridge: mountinfo parsing, argument checks, namespace policy, locks."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from csi_bridge import arguments, mountinfo
+from csi_bridge.arguments import BundleRef, PodRef
+from csi_bridge.authorization import (AllowAny, Denied, DenyAll, StaticPolicy, make_authorizer,
+                                      model_declares)
+from csi_bridge.fetches import Fetch
+from csi_bridge.identity import NAME_RE, DRIVER_NAME
+from csi_bridge.locks import VolumeLocks
+from csi_bridge.status import CsiError, from_bundle_error
+from csi_bridge.testing import publish_request
+from bundle.errors import IntegrityMismatch, SourceUnavailable, StoreFull
+
+D1 = "sha256:" + "1" * 64
+D2 = "sha256:" + "2" * 64
+SAMPLE = (
+    "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+    "42 22 254:0 /tmp/vol\\040a /tmp/target\\040x ro,nosuid,nodev,relatime shared:2 - ext4 /dev/vda rw\n"
+    "43 22 254:0 /tmp/vol /tmp/t2 rw,relatime - ext4 /dev/vda rw\n"
+    "44 43 254:0 /tmp/vol /tmp/t2 ro,relatime - ext4 /dev/vda rw\n"
+    "45 22 0:5 / /tmp/t2/sub rw - tmpfs tmpfs rw\n")
+
+
+def test_mountinfo_parses_escapes_options_and_stacking():
+    ms = mountinfo.parse(SAMPLE)
+    m = mountinfo.mount_at("/tmp/target x", ms)
+    assert m.root == "/tmp/vol a" and m.read_only and m.fstype == "ext4" and m.source == "/dev/vda"
+    assert mountinfo.mount_at("/tmp/t2", ms).mount_id == 44  # the topmost of a stack
+    assert mountinfo.mount_at("/tmp/t2/", ms).mount_id == 44
+    assert mountinfo.mount_at("/tmp/none", ms) is None
+    assert [m.mount_point for m in mountinfo.mounts_under("/tmp/t2", ms)] == ["/tmp/t2/sub", "/tmp/t2", "/tmp/t2"]
+    assert mountinfo.mounts_under("/tmp/t", ms) == []  # a prefix of a name is not "under"
+
+
+def test_mountinfo_rejects_garbage():
+    with pytest.raises(mountinfo.MountinfoError):
+        mountinfo.parse("not a mountinfo line\n")
+
+
+def test_real_mountinfo_has_root():
+    assert mountinfo.mount_at("/") is not None
+
+
+def test_publish_arguments_accepted():
+    args = arguments.check_publish(publish_request("v1", "/var/lib/k/mount/", D1, "file:///b",
+                                                   namespace="ns", pod="p", pod_uid="u", model="m"))
+    assert args.target_path == "/var/lib/k/mount"
+    assert args.bundle == BundleRef(digest=D1, source="file:///b", model="m")
+    assert args.pod == PodRef(namespace="ns", name="p", uid="u")
+
+
+@pytest.mark.parametrize("path", ["", "rel", "/a/./b", "/a//b", "/", "/a/\x00"])
+def test_bad_paths(path):
+    with pytest.raises(CsiError) as e:
+        arguments.check_path(path, "target_path")
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_static_policy_and_fallbacks(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text('{"a": ["%s"]}' % D1)
+    p = StaticPolicy(f)
+    p.authorize(PodRef(namespace="a"), BundleRef(digest=D1, source="file:///x"))
+    for pod, digest in ((PodRef(namespace="b"), D1), (PodRef(namespace="a"), D2), (PodRef(), D1)):
+        with pytest.raises(Denied):
+            p.authorize(pod, BundleRef(digest=digest, source="file:///x"))
+    with pytest.raises(Denied):
+        DenyAll().authorize(PodRef(namespace="a"), BundleRef(digest=D1, source="s"))
+    AllowAny().authorize(PodRef(), BundleRef(digest=D1, source="s"))
+    assert make_authorizer("api", api_client=None).name == "deny"  # fails closed
+    f.write_text('["not a map"]')
+    with pytest.raises(ValueError):
+        StaticPolicy(f)
+    with pytest.raises(ValueError):
+        make_authorizer("static")
+    with pytest.raises(ValueError):
+        make_authorizer("maybe")
+
+
+def test_model_declares_spec_and_status_identity():
+    model = {"spec": {"bundle": {"digest": D1, "source": "oci://r/m:1"}},
+             "status": {"identity": {"bundle": D2}}}
+    assert model_declares(model, BundleRef(digest=D1, source="oci://r/m:1"))
+    assert not model_declares(model, BundleRef(digest=D1, source="file:///elsewhere"))
+    assert model_declares(model, BundleRef(digest=D2, source="anything://x"))
+    assert not model_declares({"spec": {}}, BundleRef(digest=D1, source="s"))
+
+
+def test_error_mapping():
+    assert from_bundle_error(SourceUnavailable("x"), "d").code == grpc.StatusCode.UNAVAILABLE
+    assert from_bundle_error(StoreFull("x"), "d").code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert from_bundle_error(IntegrityMismatch("f", "a" * 64, "b" * 64), "d").code == grpc.StatusCode.DATA_LOSS
+    assert from_bundle_error(KeyError("x"), "d").code == grpc.StatusCode.INTERNAL
+
+
+def test_locks_refuse_a_busy_volume_and_release():
+    locks = VolumeLocks()
+    with locks.hold("v1", "t1"):
+        with pytest.raises(CsiError) as e:
+            with locks.hold("t1"):
+                pass
+        assert e.value.code == grpc.StatusCode.ABORTED
+    with locks.hold("v1", "t1"):
+        assert locks.busy("v1")
+    assert not locks.busy("v1")
+
+
+def test_fetch_progress_message():
+    f = Fetch(D1, "file:///b", bytes_total=200)
+    f.progress(50)
+    assert "50 of 200 bytes (25%)" in f.describe()
+
+
+def test_driver_name_is_valid():
+    assert NAME_RE.match(DRIVER_NAME)
