@@ -1,0 +1,75 @@
+"""``resident operator``: run the ResidentModel operator (kopf) until interrupted.
+
+Equivalent to ``kopf run -m resident_operator`` plus JSON logs and a Prometheus endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+EPILOG = """\
+The operator watches ResidentModels (resident.dev/v1alpha1) and, for each, keeps
+spec.replicas one-card owner Pods with the bundle's CSI volume, reports status and
+conditions, runs transitions when spec.bundle changes, and cleans up by UID.
+
+Installation settings come from the environment:
+  RESIDENT_OWNER_IMAGE               owner image when spec.runtime.image is empty
+  RESIDENT_OWNER_HOST                reach owners at this host instead of the Pod IP
+  RESIDENT_OWNER_HOST_NETWORK        true: owner Pods use hostNetwork (local clusters)
+  RESIDENT_OWNER_TIMEOUT_SECONDS     timeout of each call to an owner (default 5)
+  RESIDENT_RESYNC_SECONDS            re-observe each model this often (default 10)
+  RESIDENT_SWEEP_SECONDS             sweep labelled orphans this often (default 60)
+  RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)
+Kubernetes credentials: KUBECONFIG / ~/.kube/config, else the in-cluster service account.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="resident operator", description=__doc__.splitlines()[0], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[],
+                       help="watch this namespace (repeatable; glob patterns allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch every namespace (the default when no --namespace is given)")
+    p.add_argument("--metrics-port", type=int, default=9090,
+                   help="serve Prometheus /metrics on this port; 0 disables (default 9090)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address of the metrics server (default 127.0.0.1; 0.0.0.0 in a Pod)")
+    p.add_argument("--liveness", default=None, metavar="URL",
+                   help="kopf liveness endpoint, e.g. http://127.0.0.1:8081/healthz")
+    p.add_argument("--log-format", choices=("json", "plain"), default="json",
+                   help="json lines (default) or plain text")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from .settings import SettingsError, settings_from_env
+    from .structured_logs import setup
+
+    setup(logging.DEBUG if args.verbose else logging.INFO, args.log_format == "json")
+    try:
+        settings_from_env()
+    except SettingsError as e:
+        print(f"resident operator: {e}", file=sys.stderr)
+        return 2
+    import kopf
+    from prometheus_client import start_http_server
+
+    from . import handlers  # noqa: F401 - registers the handlers
+    from .metrics import REGISTRY
+
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=REGISTRY)
+    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
+             liveness_endpoint=args.liveness)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The kopf handlers: thin, typed, and all funnelled into one locked reconcile pass.
+
+- ``configure`` (startup) is the one place settings are applied: finalizer name,
+  annotation-based progress storage, watch timeouts, event posting level, the API client.
+- ``on_create`` / ``on_update`` (spec) / ``on_resume`` run a pass; an invalid spec raises
+  :class:`kopf.PermanentError` after the condition is written.
+- ``resync`` (timer) runs a pass every ``RESIDENT_RESYNC_SECONDS`` so status follows Pods
+  and owners, and transitions progress; ``sweep`` (timer) deletes labelled orphans.
+- ``on_delete`` deletes recorded children by UID and keeps the finalizer until all are gone.
+
+Passes of one model never overlap: each takes the model's lock (a timer that finds it
+taken skips its turn; a change handler waits, then retries via TemporaryError).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from . import metrics, naming
+from .cleanup import delete_recorded_children, sweep_orphans
+from .context import ModelContext
+from .kube import Kube, load_config
+from .reconcile import GONE, INVALID, reconcile, state_of
+from .settings import OperatorSettings, settings_from_env
+
+log = logging.getLogger("resident_operator")
+MODEL = (naming.GROUP, naming.VERSION, naming.MODEL_PLURAL)
+TIMERS = settings_from_env()  # timer intervals must be known when the decorators run
+
+
+class _Runtime:
+    settings: OperatorSettings = TIMERS
+    kube: Kube | None = None
+    locks: dict[str, threading.Lock] = {}
+    guard = threading.Lock()
+
+    @classmethod
+    def lock(cls, uid: str) -> threading.Lock:
+        with cls.guard:
+            return cls.locks.setdefault(uid, threading.Lock())
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    _Runtime.settings = settings_from_env()
+    _Runtime.kube = Kube(load_config())
+    settings.persistence.finalizer = naming.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="resident.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="resident.dev", key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.execution.max_workers = 8
+    log.info("resident operator configured", extra={"settings": _Runtime.settings.model_dump()})
+
+
+def _context(namespace: str, name: str) -> ModelContext | None:
+    kube = _Runtime.kube or Kube(load_config())
+    body = kube.get_model(namespace, name)
+    if body is None:
+        return None
+    body.setdefault("apiVersion", naming.API_VERSION)
+    body.setdefault("kind", "ResidentModel")
+
+    def post(reason: str, message: str, warning: bool) -> None:
+        (kopf.warn if warning else kopf.info)(body, reason=reason, message=message[:1000])
+
+    return ModelContext(kube=kube, settings=_Runtime.settings, namespace=namespace, name=name,
+                        uid=body["metadata"]["uid"], body=body, post_event=post)
+
+
+def _pass(namespace: str, name: str, uid: str, *, wait: bool) -> None:
+    lock = _Runtime.lock(uid)
+    if not lock.acquire(timeout=30 if wait else 0):
+        if wait:
+            raise kopf.TemporaryError("another pass of this model is running", delay=1)
+        return
+    try:
+        ctx = _context(namespace, name)
+        if ctx is None or ctx.uid != uid:
+            return
+        try:
+            outcome, message = reconcile(ctx)
+        except kopf.TemporaryError:
+            metrics.RECONCILES.labels(result="waiting").inc()
+            raise
+        except Exception as e:
+            metrics.RECONCILES.labels(result="error").inc()
+            metrics.RECONCILE_ERRORS.labels(reason=type(e).__name__).inc()
+            raise kopf.TemporaryError(f"{type(e).__name__}: {e}", delay=5) from e
+        metrics.RECONCILES.labels(result=outcome).inc()
+        if outcome == INVALID and wait:
+            raise kopf.PermanentError(f"invalid spec: {message}")
+    finally:
+        lock.release()
+
+
+@kopf.on.create(*MODEL, retries=None, backoff=2)
+def on_create(namespace: str, name: str, uid: str, **_: Any) -> None:
+    _pass(namespace, name, uid, wait=True)
+
+
+@kopf.on.update(*MODEL, field="spec", backoff=2)
+def on_update(namespace: str, name: str, uid: str, **_: Any) -> None:
+    _pass(namespace, name, uid, wait=True)
+
+
+@kopf.on.resume(*MODEL, backoff=2)
+def on_resume(namespace: str, name: str, uid: str, **_: Any) -> None:
+    _pass(namespace, name, uid, wait=True)
+
+
+@kopf.timer(*MODEL, interval=TIMERS.resync_seconds, initial_delay=TIMERS.resync_seconds)
+def resync(namespace: str, name: str, uid: str, **_: Any) -> None:
+    _pass(namespace, name, uid, wait=False)
+
+
+@kopf.timer(*MODEL, id="sweep", interval=TIMERS.sweep_seconds, initial_delay=TIMERS.sweep_seconds)
+def sweep(namespace: str, name: str, uid: str, **_: Any) -> None:
+    lock = _Runtime.lock(uid)
+    if not lock.acquire(blocking=False):
+        return
+    try:
+        ctx = _context(namespace, name)
+        if ctx is None or ctx.uid != uid or ctx.body["metadata"].get("deletionTimestamp"):
+            return
+        sweep_orphans(ctx, state_of(ctx))
+    finally:
+        lock.release()
+
+
+@kopf.on.delete(*MODEL, backoff=2)
+def on_delete(namespace: str, name: str, uid: str, **_: Any) -> None:
+    lock = _Runtime.lock(uid)
+    if not lock.acquire(timeout=30):
+        raise kopf.TemporaryError("a pass of this model is still running", delay=1)
+    try:
+        ctx = _context(namespace, name)
+        if ctx is None or ctx.uid != uid:
+            return
+        ctx.kube.patch_model_status(namespace, name, {"phase": "Terminating"})
+        metrics.set_model_phase(f"{namespace}/{name}", "Terminating")
+        remaining = delete_recorded_children(ctx, state_of(ctx))
+        if remaining:
+            names = ", ".join(f"{r['kind']}/{r['name']}" for r in remaining[:5])
+            raise kopf.TemporaryError(f"waiting for {len(remaining)} children to go: {names}", delay=2)
+        ctx.event("CleanupDone", "every recorded child is gone; removing the finalizer")
+        metrics.set_model_phase(f"{namespace}/{name}", None)
+    finally:
+        lock.release()
+    with _Runtime.guard:
+        _Runtime.locks.pop(uid, None)

@@ -1,0 +1,169 @@
+"""What the model looks like right now: owners, identity, phase and conditions.
+
+Each pass the operator reads its owner Pods and asks every reachable owner for
+``/v1/identity``; :func:`derive_status` turns those observations (plus the spec's
+validity, any transition in flight and the last one's result) into the status fields
+a human reads: ``phase``, ``ready`` ("1/2"), ``identity``, ``owners[]`` and the five
+conditions. It is a pure function: the same observations give the same status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import conditions as c
+from . import naming
+from .transition import BROKEN_STATES, TransitionState
+
+
+@dataclass(frozen=True)
+class OwnerView:
+    """One owner Pod and, when reachable, its owner's answer to ``/v1/identity``."""
+
+    slot: int
+    incarnation: int
+    pod: str
+    uid: str
+    node: str = ""
+    pod_ip: str = ""
+    pod_phase: str = "Pending"
+    ready: bool = False
+    terminating: bool = False
+    bundle_digest: str = ""          # the revision the Pod's volume was created with
+    state: str | None = None         # owner state; None when not asked or unreachable
+    identity: dict[str, str] = field(default_factory=dict)
+    in_place: bool | None = None
+    error: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.pod_phase == "Running" and not self.terminating
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pod": self.pod, "uid": self.uid, "node": self.node,
+                               "slot": self.slot, "ready": self.ready,
+                               "phase": self.pod_phase}
+        if self.state:
+            out["state"] = self.state
+        if self.identity:
+            out["identity"] = dict(self.identity)
+        if self.in_place is not None:
+            out["inPlace"] = self.in_place
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
+               error: str = "") -> OwnerView:
+    """Build an :class:`OwnerView` from a Pod (as a dict) and an optional identity answer."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    ready = any(cond.get("type") == "Ready" and cond.get("status") == "True"
+                for cond in status.get("conditions") or [])
+    ident = (identity or {}).get("identity") or {}
+    caps = (identity or {}).get("capabilities") or {}
+    return OwnerView(
+        slot=int(labels.get(naming.LABEL_SLOT, -1)),
+        incarnation=int(labels.get(naming.LABEL_INCARNATION, 0)),
+        pod=meta.get("name", ""), uid=meta.get("uid", ""),
+        node=(pod.get("spec") or {}).get("nodeName") or "",
+        pod_ip=status.get("podIP") or "", pod_phase=status.get("phase") or "Pending",
+        ready=ready and not meta.get("deletionTimestamp"),
+        terminating=bool(meta.get("deletionTimestamp")),
+        bundle_digest=(meta.get("annotations") or {}).get("resident.dev/bundle-digest", ""),
+        state=(identity or {}).get("state"),
+        identity={k: v for k, v in ident.items() if k in ("bundle", "graph", "weights") and v},
+        in_place=caps.get("inPlace") if "inPlace" in caps else None,
+        error=error)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Something that stops progress and makes the model Degraded (reason, message)."""
+
+    reason: str
+    message: str
+
+
+def common_identity(owners: list[OwnerView]) -> dict[str, str]:
+    """The identity every ready owner agrees on; empty when none is ready or they differ."""
+    seen = {tuple(sorted(o.identity.items())) for o in owners if o.ready and o.identity}
+    return dict(next(iter(seen))) if len(seen) == 1 else {}
+
+
+def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str],
+                  transition: TransitionState | None, last_transition: dict[str, Any] | None,
+                  blocker: Blocker | None, desired_digest: str) -> dict[str, Any]:
+    """phase, ready, identity, owners and the wanted conditions (times merged later)."""
+    live = [o for o in owners if not o.terminating]
+    n_ready = sum(1 for o in live if o.ready)
+    n_running = sum(1 for o in live if o.running)
+    broken = [o for o in live if o.state in BROKEN_STATES]
+    conds = []
+    if problems:
+        degraded = c.condition(c.DEGRADED, True, "InvalidSpec", "; ".join(problems))
+    elif broken:
+        o = broken[0]
+        degraded = c.condition(c.DEGRADED, True, "Owner" + o.state.capitalize(),
+                               f"owner {o.pod} is {o.state}")
+    elif blocker:
+        degraded = c.condition(c.DEGRADED, True, blocker.reason, blocker.message)
+    elif last_transition and last_transition.get("result") == "failed" \
+            and last_transition.get("to") == desired_digest and transition is None:
+        degraded = c.condition(c.DEGRADED, True, last_transition.get("reason") or "TransitionFailed",
+                               last_transition.get("message") or "the last transition failed")
+    else:
+        degraded = c.condition(c.DEGRADED, False, "AsExpected", "")
+    conds.append(degraded)
+
+    if transition is not None:
+        done = sum(1 for o in transition.owners if o.step.value == "Done")
+        conds.append(c.condition(c.TRANSITIONING, True, "TransitionInProgress",
+                                 f"{transition.from_digest} -> {transition.to}: "
+                                 f"{done}/{len(transition.owners)} owners done"))
+    else:
+        result = (last_transition or {}).get("result")
+        reason = {"succeeded": "TransitionSucceeded", "failed": "TransitionFailed"}.get(result, "Idle")
+        conds.append(c.condition(c.TRANSITIONING, False, reason, ""))
+
+    want = replicas
+    if want == 0:
+        conds.append(c.condition(c.DELIVERED, True, "NoOwners", "spec.replicas is 0"))
+    elif n_running >= want:
+        conds.append(c.condition(c.DELIVERED, True, "AllDelivered",
+                                 f"{n_running}/{want} owner volumes published"))
+    else:
+        conds.append(c.condition(c.DELIVERED, False, "WaitingForDelivery",
+                                 f"{n_running}/{want} owner volumes published"))
+    resident = [o for o in live if o.state in ("ready", "transitioning")]
+    if want and len(resident) >= want:
+        conds.append(c.condition(c.RESIDENT, True, "OwnersResident",
+                                 f"{len(resident)}/{want} owners hold the model"))
+    else:
+        conds.append(c.condition(c.RESIDENT, want == 0, "NoOwners" if want == 0 else "OwnersLoading",
+                                 f"{len(resident)}/{want} owners hold the model"))
+    ready_ok = n_ready >= want
+    conds.append(c.condition(c.READY, ready_ok, "AllOwnersReady" if ready_ok else "OwnersNotReady",
+                             f"{n_ready}/{want} owners ready"))
+
+    if problems:
+        phase = "Degraded"
+    elif transition is not None:
+        phase = "Transitioning"
+    elif degraded["status"] == "True":
+        phase = "Degraded"
+    elif ready_ok:
+        phase = "Ready"
+    elif n_running >= want:
+        phase = "Loading"
+    elif any(o.node for o in live):
+        phase = "Delivering"
+    else:
+        phase = "Pending"
+    return {
+        "phase": phase, "ready": f"{n_ready}/{want}", "identity": common_identity(live),
+        "owners": [o.to_status() for o in sorted(owners, key=lambda o: (o.slot, o.incarnation))],
+        "conditions": conds,
+    }

@@ -1,0 +1,141 @@
+"""Placement in action: the token Secret and one owner Pod per slot, then what they say.
+
+``ensure_token`` and ``ensure_owner_pods`` create what is missing (recording each UID
+before anything depends on it), adopt an object left by a crashed pass (409, labelled
+with this model's UID, owned by it), delete Pods of slots above ``spec.replicas`` by UID,
+and skip a slot whose name is taken by something that is not ours by moving the slot to
+its next incarnation. ``observe_owners`` reads the Pods and asks every running owner for
+its identity.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import kopf
+
+from . import children as ch
+from . import naming
+from .context import ModelContext
+from .model_state import ModelState
+from .observe import OwnerView, owner_view
+from .owner_client import OwnerClient, OwnerUnreachable
+from .placement import build_owner_pod, build_token_secret, new_token
+from .spec import ModelSpec
+
+
+def adoptable(obj: dict[str, Any], model_uid: str) -> bool:
+    """A 409'd object we may record: labelled for this model UID and owned by it."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return ch.belongs_to(obj, model_uid) and any(r.get("uid") == model_uid for r in refs)
+
+
+def create_child(ctx: ModelContext, state: ModelState, obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Adopt, create and record ``obj``; None if its name is held by something not ours."""
+    kopf.adopt(obj, owner=ctx.body)
+    obj["metadata"]["namespace"] = ctx.namespace
+    got, created = ctx.kube.create(ctx.namespace, obj)
+    if not created and not ch.is_recorded(state.children, got) and not adoptable(got, ctx.uid):
+        return None
+    got.setdefault("kind", obj["kind"])
+    got.setdefault("apiVersion", obj["apiVersion"])
+    state.record_child(got)
+    return got
+
+
+def ensure_token(ctx: ModelContext, state: ModelState) -> str:
+    """The owners' bearer token, creating the Secret on first use."""
+    name = naming.token_secret_name(ctx.name)
+    secret = ctx.kube.get(ctx.namespace, "Secret", name)
+    if secret is not None and ch.is_recorded(state.children, secret):
+        return base64.b64decode(secret["data"][naming.TOKEN_KEY]).decode()
+    if secret is not None and not adoptable(secret, ctx.uid):
+        raise kopf.TemporaryError(f"Secret {name} exists and is not ours; waiting for it to go",
+                                  delay=10)
+    if secret is None:
+        created = create_child(ctx, state, build_token_secret(ctx.name, ctx.uid, new_token()))
+        if created is None:
+            raise kopf.TemporaryError(f"Secret {name} is taken by another object", delay=10)
+        ctx.event("TokenSecretCreated", f"created owner token Secret {name}")
+        secret = ctx.kube.get(ctx.namespace, "Secret", name) or created
+    else:
+        state.record_child(secret)
+    return base64.b64decode(secret["data"][naming.TOKEN_KEY]).decode()
+
+
+def our_pods(ctx: ModelContext, state: ModelState) -> list[dict[str, Any]]:
+    """Recorded owner Pods that still exist; records of vanished Pods are forgotten."""
+    listed = ctx.kube.list(ctx.namespace, "Pod", ctx.selector)
+    uids = {(p.get("metadata") or {}).get("uid") for p in listed}
+    for rec in ch.of_kind(state.children, "Pod"):
+        if rec["uid"] not in uids:
+            state.forget_child(rec["uid"])
+    return [p for p in listed if ch.is_recorded(state.children, p)]
+
+
+def create_owner_pod(ctx: ModelContext, state: ModelState, spec: ModelSpec, slot: int,
+                     digest: str, source: str, *, new_incarnation: bool = False
+                     ) -> dict[str, Any]:
+    """Create the slot's Pod on ``digest``, moving to a fresh incarnation if the name is taken."""
+    if new_incarnation:
+        state.bump_incarnation(slot)
+    for _ in range(3):
+        inc = state.incarnation(slot)
+        pod = build_owner_pod(ctx.name, ctx.uid, spec, ctx.settings, slot, inc, digest, source)
+        got = create_child(ctx, state, pod)
+        if got is not None:
+            if got["metadata"].get("deletionTimestamp"):
+                state.bump_incarnation(slot)
+                continue
+            return got
+        state.bump_incarnation(slot)
+    raise kopf.TemporaryError(f"owner slot {slot}: every Pod name tried is taken", delay=5)
+
+
+def ensure_owner_pods(ctx: ModelContext, state: ModelState, spec: ModelSpec,
+                      managed_slots: set[int]) -> list[dict[str, Any]]:
+    """One live owner Pod per slot below replicas (except ``managed_slots``); none above."""
+    pods = our_pods(ctx, state)
+    live = {}
+    for p in pods:
+        if not p["metadata"].get("deletionTimestamp"):
+            live[int(p["metadata"]["labels"].get(naming.LABEL_SLOT, -1))] = p
+    for slot in range(spec.replicas):
+        if slot in live or slot in managed_slots:
+            continue
+        fresh = any(int(p["metadata"]["labels"].get(naming.LABEL_SLOT, -1)) == slot for p in pods)
+        pod = create_owner_pod(ctx, state, spec, slot, state.bundle["digest"],
+                               state.bundle["source"], new_incarnation=fresh)
+        ctx.event("OwnerPodCreated", f"created owner Pod {pod['metadata']['name']} (slot {slot}) "
+                                     f"on bundle {state.bundle['digest']}")
+        pods.append(pod)
+    for slot, p in sorted(live.items()):
+        if slot >= spec.replicas and slot not in managed_slots:
+            meta = p["metadata"]
+            if ctx.kube.delete(ctx.namespace, "Pod", meta["name"], meta["uid"]) == "deleted":
+                ctx.event("OwnerPodDeleted", f"deleted owner Pod {meta['name']}: "
+                                             f"spec.replicas is {spec.replicas}")
+    return pods
+
+
+def owner_address(ctx: ModelContext, pod: dict[str, Any]) -> str:
+    return ctx.settings.owner_host or (pod.get("status") or {}).get("podIP") or ""
+
+
+def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpec
+                   ) -> list[OwnerView]:
+    """A view per Pod; running Pods' owners are asked for their identity."""
+    views = []
+    for pod in pods:
+        host = owner_address(ctx, pod)
+        running = (pod.get("status") or {}).get("phase") == "Running"
+        if not running or not host or pod["metadata"].get("deletionTimestamp"):
+            views.append(owner_view(pod))
+            continue
+        client = OwnerClient(host, spec.runtime.port, ctx.token, ctx.settings.owner_timeout_seconds)
+        try:
+            views.append(owner_view(pod, client.identity()))
+        except OwnerUnreachable as e:
+            views.append(owner_view(pod, error=str(e)))
+    return views

@@ -1,0 +1,136 @@
+"""Placement: the owner Pods and the token Secret of a model, as pure manifests.
+
+Each owner Pod holds the model on exactly one card: it requests one unit of
+``spec.accelerator`` (none for cpu), mounts the bundle through the CSI inline volume of
+driver ``bundles.resident.dev`` (read-only; attributes ``digest``, ``source``, ``model``
+per docs/contracts.md) at ``/bundle``, and the model's token Secret at
+``/var/run/resident``. kubelet only marks it Ready when the owner's ``/readyz`` answers, so
+Pod readiness means "the model is resident and serving".
+
+The builders return plain dicts and never talk to the API server; the handlers adopt
+(owner references) and create them.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from . import naming
+from .settings import OperatorSettings
+from .spec import ModelSpec
+
+DIGEST_ANNOTATION = "resident.dev/bundle-digest"
+SOURCE_ANNOTATION = "resident.dev/bundle-source"
+
+
+def owner_image(spec: ModelSpec, settings: OperatorSettings) -> str:
+    return spec.runtime.image or settings.owner_image
+
+
+def owner_command(spec: ModelSpec) -> list[str]:
+    """The owner's command line (the ``resident owner`` CLI)."""
+    rt = spec.runtime
+    cmd = ["resident", "owner", "--bundle-dir", naming.BUNDLE_MOUNT, "--backend", rt.backend,
+           "--port", str(rt.port), "--host", "0.0.0.0",
+           "--token-file", f"{naming.TOKEN_MOUNT_DIR}/{naming.TOKEN_KEY}"]
+    if rt.warmup:
+        cmd.append("--warmup")
+    return cmd
+
+
+def owner_resources(spec: ModelSpec) -> dict[str, dict[str, Any]]:
+    """User requests/limits plus exactly one card of the accelerator (requests == limits)."""
+    requests = dict(spec.runtime.resources.get("requests") or {})
+    limits = dict(spec.runtime.resources.get("limits") or {})
+    if spec.cards:
+        requests[spec.accelerator] = str(spec.cards)
+        limits[spec.accelerator] = str(spec.cards)
+    out: dict[str, dict[str, Any]] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: OperatorSettings,
+                    slot: int, incarnation: int, bundle_digest: str, bundle_source: str
+                    ) -> dict[str, Any]:
+    """The owner Pod of ``slot`` (its ``incarnation``), delivering ``bundle_digest``."""
+    rt = spec.runtime
+    labels = naming.model_labels(model, model_uid, naming.COMPONENT_OWNER)
+    labels.update({naming.LABEL_SLOT: str(slot), naming.LABEL_INCARNATION: str(incarnation),
+                   naming.LABEL_REVISION: naming.revision_label(bundle_digest)})
+    env = [{"name": "RESIDENT_MODEL", "value": model}]
+    if rt.variants:
+        env.append({"name": "RESIDENT_VARIANTS", "value": json.dumps(
+            [v.model_dump(by_alias=True, exclude_none=True) for v in rt.variants])})
+    probe_port: int | str = rt.port
+    container = {
+        "name": "owner",
+        "image": owner_image(spec, settings),
+        "command": owner_command(spec),
+        "env": env,
+        "ports": [{"name": "control", "containerPort": rt.port, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": probe_port},
+            "periodSeconds": settings.readiness_period_seconds, "failureThreshold": 1,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": probe_port},
+            "periodSeconds": 10, "failureThreshold": 6,
+        },
+        "volumeMounts": [
+            {"name": "bundle", "mountPath": naming.BUNDLE_MOUNT, "readOnly": True},
+            {"name": "owner-token", "mountPath": naming.TOKEN_MOUNT_DIR, "readOnly": True},
+        ],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    resources = owner_resources(spec)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostNetwork": settings.owner_host_network,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [
+            {"name": "bundle", "csi": {
+                "driver": naming.CSI_DRIVER, "readOnly": True,
+                "volumeAttributes": {"digest": bundle_digest, "source": bundle_source,
+                                     "model": model}}},
+            {"name": "owner-token", "secret": {
+                "secretName": naming.token_secret_name(model), "defaultMode": 0o440}},
+        ],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True)
+                                   for t in spec.tolerations]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": naming.owner_pod_name(model, slot, incarnation), "labels": labels,
+                     "annotations": {DIGEST_ANNOTATION: bundle_digest,
+                                     SOURCE_ANNOTATION: bundle_source}},
+        "spec": pod_spec,
+    }
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def build_token_secret(model: str, model_uid: str, token: str) -> dict[str, Any]:
+    """The per-model Secret holding the bearer token owners require (key ``token``)."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": naming.token_secret_name(model),
+                     "labels": naming.model_labels(model, model_uid, naming.COMPONENT_TOKEN)},
+        "stringData": {naming.TOKEN_KEY: token},
+    }

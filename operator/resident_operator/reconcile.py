@@ -1,0 +1,96 @@
+"""One reconcile pass of one model: validate, place, observe, transition, report.
+
+The pass is level-triggered and idempotent: it reads the model fresh from the API
+server, compares what the spec asks for with what exists and moves one step closer.
+Handlers call it on create/update/resume and a timer calls it every
+``RESIDENT_RESYNC_SECONDS``, always under the model's lock, so passes never interleave.
+
+An invalid spec stops the pass right after writing ``Degraded=True, reason InvalidSpec``:
+nothing is created, changed or deleted for that model.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from . import conditions as c
+from . import metrics
+from .context import ModelContext
+from .model_state import ModelState
+from .observe import derive_status
+from .owners import ensure_owner_pods, ensure_token, observe_owners
+from .rollout import step_transition
+from .spec import SpecError, parse_spec, spec_problems
+
+OK, INVALID, GONE = "ok", "invalid", "gone"
+
+
+def state_of(ctx: ModelContext) -> ModelState:
+    return ModelState((ctx.body.get("status") or {}),
+                      lambda patch: ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch))
+
+
+def reconcile(ctx: ModelContext) -> tuple[str, str]:
+    """Run one pass; returns (outcome, message). The body in ``ctx`` must be fresh."""
+    body = ctx.body
+    if body["metadata"].get("deletionTimestamp"):
+        return GONE, "being deleted"
+    state = state_of(ctx)
+    raw = body.get("spec") or {}
+    try:
+        spec = parse_spec(raw)
+        problems = spec_problems(spec, ctx.settings)
+    except SpecError as e:
+        spec, problems = None, [str(e)]
+    if problems:
+        replicas = raw.get("replicas") if isinstance(raw.get("replicas"), int) else 0
+        report(ctx, derive_status(replicas=replicas, owners=[], problems=problems,
+                                  transition=state.transition, last_transition=state.last_transition,
+                                  blocker=None, desired_digest=""))
+        return INVALID, "; ".join(problems)
+    assert spec is not None
+    ctx.token = ensure_token(ctx, state)
+    if not state.bundle:
+        state.commit_bundle(spec.bundle.digest, spec.bundle.source)
+    managed = {o.slot for o in state.transition.owners} if state.transition else set()
+    pods = ensure_owner_pods(ctx, state, spec, managed)
+    views = observe_owners(ctx, pods, spec)
+    blocker = step_transition(ctx, state, spec, views)
+    report(ctx, derive_status(replicas=spec.replicas, owners=views, problems=[],
+                              transition=state.transition, last_transition=state.last_transition,
+                              blocker=blocker, desired_digest=spec.bundle.digest))
+    return OK, ""
+
+
+def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
+    """Write the derived status (keeping condition times) and post condition-change Events."""
+    previous = (ctx.body.get("status") or {}).get("conditions") or []
+    generation = ctx.body["metadata"].get("generation")
+    merged = c.merge_conditions(previous, derived["conditions"],
+                                now=datetime.now(timezone.utc), generation=generation)
+    _announce_changes(ctx, previous, merged)
+    patch = {
+        "observedGeneration": generation, "phase": derived["phase"], "ready": derived["ready"],
+        "identity": derived["identity"] or None, "owners": derived["owners"], "conditions": merged,
+    }
+    ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
+    metrics.set_model_phase(f"{ctx.namespace}/{ctx.name}", derived["phase"])
+
+
+def _announce_changes(ctx: ModelContext, previous: list[dict[str, Any]],
+                      merged: list[dict[str, Any]]) -> None:
+    old = {x.get("type"): x for x in previous}
+    for cond in merged:
+        prior = old.get(cond["type"]) or {}
+        changed = (prior.get("status"), prior.get("reason")) != (cond["status"], cond["reason"])
+        if not changed:
+            continue
+        if cond["type"] == c.DEGRADED and cond["status"] == "True":
+            ctx.event(cond["reason"], cond["message"], warning=True)
+        elif cond["type"] == c.DEGRADED and prior.get("status") == "True":
+            ctx.event("Recovered", f"no longer degraded (was {prior.get('reason')})")
+        elif cond["type"] == c.READY and cond["status"] == "True":
+            ctx.event("ModelReady", cond["message"])
+        elif cond["type"] == c.READY and prior.get("status") == "True":
+            ctx.event("ModelNotReady", cond["message"], warning=True)

@@ -1,0 +1,59 @@
+"""Operator settings: what the platform decides, as opposed to what a ResidentModel asks.
+
+A ResidentModel says which bundle to keep resident and how to switch revisions. Where the
+owner image comes from when the model does not name one, how owners are reached, how
+often the operator looks at the world again: those belong to the installation, so they
+are read once at startup from ``RESIDENT_*`` environment variables (the Helm chart sets
+them) into one typed, immutable object that every handler receives.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "RESIDENT_"
+
+
+class SettingsError(ValueError):
+    """An operator setting (environment variable) is malformed."""
+
+
+class OperatorSettings(BaseModel):
+    """Installation-wide operator settings. Field ``owner_image`` <- ``RESIDENT_OWNER_IMAGE``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    owner_image: str = Field(default="", description="owner image when spec.runtime.image is empty")
+    owner_host: str = Field(default="", description="host to reach owners at instead of the Pod IP")
+    owner_host_network: bool = Field(default=False, description="run owner Pods with hostNetwork")
+    owner_timeout_seconds: float = Field(default=5.0, gt=0, description="per owner HTTP call")
+    resync_seconds: float = Field(default=10.0, gt=0, description="how often a model is re-observed")
+    sweep_seconds: float = Field(default=60.0, gt=0, description="how often labelled orphans are swept")
+    delivery_timeout_seconds: float = Field(default=0.0, ge=0,
+                                            description="wait for Staged; 0 = spec.transition.timeoutSeconds")
+    readiness_period_seconds: int = Field(default=5, ge=1)
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> OperatorSettings:
+    """Read every field from ``RESIDENT_<FIELD>``; unknown RESIDENT_* variables are ignored."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for name in OperatorSettings.model_fields:
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            raw = environ[key]
+            if OperatorSettings.model_fields[name].annotation is bool:
+                low = raw.strip().lower()
+                if low not in ("true", "false", "1", "0", "yes", "no", ""):
+                    raise SettingsError(f"{key}={raw!r}: expected true or false")
+                values[name] = low in ("true", "1", "yes")
+            else:
+                values[name] = raw
+    try:
+        return OperatorSettings(**values)
+    except ValidationError as e:
+        parts = [f"{ENV_PREFIX}{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors()]
+        raise SettingsError("; ".join(parts)) from None

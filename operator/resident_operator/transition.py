@@ -1,0 +1,273 @@
+"""A transition as a state machine, one owner at a time, with no side effects.
+
+When ``spec.bundle`` names a new revision the operator plans once (which path, which
+method, how many bytes) and then walks every owner through these steps:
+
+``Waiting`` -> ``Delivering`` (a BundleDelivery stages the revision into the owner's live
+volume) -> ``Applying`` (the owner's ``POST /v1/transitions``) -> ``Verifying`` (the owner's
+``/v1/identity`` names the target) -> ``Releasing`` (the old revision's BundleDelivery is
+deleted) -> ``Done``.
+
+An owner that is quarantined or unloaded, or whose Pod never started, goes to
+``Replacing``: a new Pod is created on the target revision. Any other failure ends the
+owner in ``Failed`` with a reason; the owner keeps (or the owner rolls back to) its old
+identity and no further owners are started. At most ``maxUnavailable`` owners are
+between Waiting and Done at once.
+
+:func:`advance` takes one owner's recorded progress and what was just observed about it
+and returns the new progress plus the actions to perform. The executor
+(``rollout.py``) performs them and records the result in ``status.transition``, so a
+restarted operator resumes from the recorded step without repeating done work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .delivery import DeliveryObservation
+
+BROKEN_STATES = ("quarantined", "unloaded")
+
+
+class Step(str, Enum):
+    waiting = "Waiting"
+    delivering = "Delivering"
+    applying = "Applying"
+    verifying = "Verifying"
+    releasing = "Releasing"
+    replacing = "Replacing"
+    done = "Done"
+    failed = "Failed"
+
+
+ACTIVE_STEPS = (Step.delivering, Step.applying, Step.verifying, Step.releasing, Step.replacing)
+
+
+class Action(str, Enum):
+    create_delivery = "CreateDelivery"
+    start_owner_transition = "StartOwnerTransition"
+    release_old_deliveries = "ReleaseOldDeliveries"
+    release_target_delivery = "ReleaseTargetDelivery"
+    replace_owner = "ReplaceOwner"
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class Bytes(_Camel):
+    fetched: int = 0
+    reused: int = 0
+    written: int = 0
+
+
+class OwnerProgress(_Camel):
+    """One owner's progress through a transition (an item of ``status.transition.owners``)."""
+
+    slot: int
+    pod: str
+    pod_uid: str = Field(alias="podUID")
+    node: str = ""
+    step: Step = Step.waiting
+    delivery: str = ""
+    owner_transition: str = Field(default="", alias="ownerTransition")
+    replaced: bool = False
+    started_at: float | None = Field(default=None, alias="startedAt")
+    delivered_at: float | None = Field(default=None, alias="deliveredAt")
+    applied_at: float | None = Field(default=None, alias="appliedAt")
+    finished_at: float | None = Field(default=None, alias="finishedAt")
+    method: str = ""
+    strategy: str = ""
+    bytes: Bytes = Bytes()
+    first_token_seconds: float | None = Field(default=None, alias="firstTokenSeconds")
+    reason: str = ""
+    message: str = ""
+
+
+class TransitionState(_Camel):
+    """``status.transition``: the transition in flight (absent when none is)."""
+
+    id: str
+    from_digest: str = Field(alias="from")
+    from_source: str = Field(default="", alias="fromSource")
+    to: str
+    to_source: str = Field(alias="toSource")
+    strategy: str
+    path: str
+    method: str = ""
+    predicted: dict[str, Any] = Field(default_factory=dict)
+    generation: int = 0
+    started_at: float = Field(alias="startedAt")
+    owners: list[OwnerProgress] = Field(default_factory=list)
+    result: str = "running"
+    reason: str = ""
+    message: str = ""
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@dataclass(frozen=True)
+class OwnerObservation:
+    """What was seen of one owner in this pass. ``state`` is None when unreachable."""
+
+    pod_exists: bool = True
+    pod_uid: str = ""
+    node: str = ""
+    running: bool = False
+    ready: bool = False
+    state: str | None = None
+    identity_bundle: str | None = None
+    delivery: DeliveryObservation | None = None
+    owner_transition: dict[str, Any] | None = None
+
+    @property
+    def broken(self) -> bool:
+        return self.state in BROKEN_STATES
+
+
+@dataclass
+class Decision:
+    progress: OwnerProgress
+    actions: list[Action] = field(default_factory=list)
+
+
+def _fail(p: OwnerProgress, now: float, reason: str, message: str) -> Decision:
+    p = p.model_copy(update={"step": Step.failed, "reason": reason, "message": message,
+                             "finished_at": now})
+    return Decision(p, [Action.release_target_delivery])
+
+
+def _to(p: OwnerProgress, step: Step, **update: Any) -> OwnerProgress:
+    return p.model_copy(update={"step": step, **update})
+
+
+def advance(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, *, now: float,
+            timeout_seconds: float) -> Decision:
+    """The next step of one owner, given what was just observed about it."""
+    if p.step in (Step.done, Step.failed):
+        return Decision(p)
+    if p.step != Step.waiting and p.started_at is not None and now - p.started_at > timeout_seconds:
+        return _fail(p, now, "Timeout", f"owner {p.pod} did not finish step {p.step.value} "
+                                        f"within {timeout_seconds:.0f}s")
+    handler = _STEPS[p.step]
+    return handler(t, p, obs, now)
+
+
+def _waiting(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    p = p.model_copy(update={"started_at": now})
+    if obs.identity_bundle == t.to and obs.state == "ready":
+        return Decision(_to(p, Step.done, finished_at=now, reason="AlreadyOnTarget"))
+    if not obs.pod_exists or obs.broken or not obs.running or not obs.node:
+        why = ("quarantined" if obs.state == "quarantined" else "unloaded" if obs.broken
+               else "not running")
+        return Decision(_to(p, Step.replacing, reason="OwnerReplaced",
+                            message=f"owner {p.pod} is {why}; replacing it on the target"),
+                        [Action.replace_owner])
+    return Decision(_to(p, Step.delivering, node=obs.node), [Action.create_delivery])
+
+
+def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    d = obs.delivery
+    if not obs.pod_exists:
+        return Decision(_to(p, Step.replacing, reason="OwnerReplaced",
+                            message=f"owner Pod {p.pod} disappeared during delivery"),
+                        [Action.replace_owner])
+    if d is None:
+        return Decision(p, [Action.create_delivery])
+    if d.failed:
+        return _fail(p, now, "DeliveryFailed",
+                     f"delivery {p.delivery} failed: {d.reason or 'no reason'} {d.message}".strip())
+    if d.staged:
+        p = _to(p, Step.applying, delivered_at=now, method=d.method,
+                bytes=Bytes(fetched=d.fetched, reused=d.reused, written=d.written))
+        return Decision(p, [Action.start_owner_transition])
+    return Decision(p)
+
+
+def _applying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    if obs.broken:
+        return Decision(_to(p, Step.replacing, reason="OwnerReplaced",
+                            message=f"owner {p.pod} became {obs.state} while applying"),
+                        [Action.replace_owner])
+    ot = obs.owner_transition
+    if not p.owner_transition:
+        if obs.identity_bundle == t.to and obs.state == "ready":
+            return Decision(_to(p, Step.verifying, applied_at=now))
+        if obs.state in ("ready",):
+            return Decision(p, [Action.start_owner_transition])
+        return Decision(p)  # loading, transitioning or unreachable: not yet
+    if ot is None:
+        if obs.identity_bundle == t.to:
+            return Decision(_to(p, Step.verifying, applied_at=now))
+        if obs.state is None:
+            return Decision(p)  # unreachable: retry until the timeout
+        return _fail(p, now, "OwnerTransitionLost",
+                     f"owner {p.pod} no longer knows transition {p.owner_transition}")
+    result = ot.get("result")
+    if result == "running":
+        return Decision(p)
+    timings = ot.get("timings") or {}
+    update = {"applied_at": now, "strategy": ot.get("strategy") or p.strategy,
+              "first_token_seconds": timings.get("firstTokenSeconds")}
+    if result == "succeeded":
+        return Decision(_to(p, Step.verifying, **update))
+    if result == "needs-reload":
+        return _fail(p, now, "InPlaceNotPossible",
+                     f"owner {p.pod}: {ot.get('reason') or 'the change cannot be applied in place'}"
+                     "; set spec.transition.strategy to Auto or Reload")
+    return _fail(p, now, "OwnerTransitionFailed",
+                 f"owner {p.pod} failed the transition: {ot.get('reason') or result}")
+
+
+def _verifying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    if obs.broken:
+        return Decision(_to(p, Step.replacing, reason="OwnerReplaced",
+                            message=f"owner {p.pod} is {obs.state} after the transition"),
+                        [Action.replace_owner])
+    if obs.state == "ready":
+        if obs.identity_bundle == t.to:
+            return Decision(_to(p, Step.releasing), [Action.release_old_deliveries])
+        return _fail(p, now, "IdentityMismatch",
+                     f"owner {p.pod} reports bundle {obs.identity_bundle}, expected {t.to}")
+    return Decision(p)
+
+
+def _releasing(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    return Decision(_to(p, Step.done, finished_at=now))
+
+
+def _replacing(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    if not p.replaced:
+        return Decision(p, [Action.replace_owner])
+    if obs.ready and obs.state == "ready" and obs.identity_bundle == t.to:
+        return Decision(_to(p, Step.done, finished_at=now))
+    return Decision(p)
+
+
+_STEPS = {Step.waiting: _waiting, Step.delivering: _delivering, Step.applying: _applying,
+          Step.verifying: _verifying, Step.releasing: _releasing, Step.replacing: _replacing}
+
+
+def owners_to_start(t: TransitionState, max_unavailable: int) -> list[int]:
+    """Slots of waiting owners that may start now; none once any owner has failed."""
+    if any(o.step == Step.failed for o in t.owners):
+        return []
+    active = sum(1 for o in t.owners if o.step in ACTIVE_STEPS)
+    room = max(0, max_unavailable - active)
+    return [o.slot for o in t.owners if o.step == Step.waiting][:room]
+
+
+def outcome(t: TransitionState) -> str:
+    """``running`` while any owner is active (or may still start), else succeeded/failed."""
+    if any(o.step in ACTIVE_STEPS for o in t.owners):
+        return "running"
+    if any(o.step == Step.failed for o in t.owners):
+        return "failed"
+    if any(o.step == Step.waiting for o in t.owners):
+        return "running"
+    return "succeeded"

@@ -1,0 +1,48 @@
+"""``status.lastTransition``: one finished transition, summed up for humans and dashboards.
+
+From and to, the strategy and path used, the predicted and the actual bytes (fetched,
+reused, written, summed over owners), the durations (deliver and apply are the slowest
+owner's, first-token the slowest reported, total is wall clock from planning to the end),
+the result and, when it failed, the reason. Every key is always present so a merge patch
+of the status never leaves a stale key from an earlier transition behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .transition import Step, TransitionState
+
+
+def _max(values: list[float | None]) -> float:
+    real = [v for v in values if v is not None and v >= 0]
+    return round(max(real), 3) if real else 0.0
+
+
+def summarize(t: TransitionState, now: float) -> dict[str, Any]:
+    owners = t.owners
+    deliver = [o.delivered_at - o.started_at for o in owners if o.delivered_at and o.started_at]
+    apply = [o.applied_at - o.delivered_at for o in owners if o.applied_at and o.delivered_at]
+    strategies = sorted({o.strategy for o in owners if o.strategy})
+    return {
+        "id": t.id,
+        "from": t.from_digest,
+        "to": t.to,
+        "generation": t.generation,
+        "strategy": "/".join(strategies) if strategies else t.strategy,
+        "path": t.path,
+        "method": "/".join(sorted({o.method for o in owners if o.method})) or t.method,
+        "predicted": dict(t.predicted),
+        "bytes": {"fetched": sum(o.bytes.fetched for o in owners),
+                  "reused": sum(o.bytes.reused for o in owners),
+                  "written": sum(o.bytes.written for o in owners)},
+        "durations": {"deliverSeconds": _max(deliver), "applySeconds": _max(apply),
+                      "firstTokenSeconds": _max([o.first_token_seconds for o in owners]),
+                      "totalSeconds": round(max(0.0, now - t.started_at), 3)},
+        "owners": len(owners),
+        "replaced": sum(1 for o in owners if o.replaced),
+        "result": t.result,
+        "reason": t.reason,
+        "message": t.message,
+        "failedOwner": next((o.pod for o in owners if o.step == Step.failed), ""),
+    }
