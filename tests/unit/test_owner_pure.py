@@ -1,0 +1,130 @@
+"""Pure parts of the owner: admission from manifests, safetensors layouts, wire models,
+graph compilation checks, BF16 widening and the backend registry."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from bundle.demo import choose_config, default_graph, to_bf16
+from bundle.manifest import FileEntry, Role, build_entries
+from owner import api
+from owner.backends import BackendError, BackendUnavailable, create_backend
+from owner.decoder import bf16_to_f32, f32_to_bf16_bits
+from owner.graph import GraphError, compile_graph
+from owner.inplace import ChangedRange, NeedsReload, plan_ranges
+from owner.safetensors_layout import LayoutError, parse_layout
+
+H = "0" * 64
+
+
+def entry(path, sha, role, size=10, chunks=()):
+    return FileEntry(path=path, size=size, sha256=sha * 64, role=role, chunks=chunks)
+
+
+def manifest(weights_sha="a", graph_sha="b", size=10, chunks=()):
+    return build_entries([entry("model.safetensors", weights_sha, Role.weights, size, chunks),
+                          entry("graph.json", graph_sha, Role.graph)], chunk_size=4096)
+
+
+def test_plan_ranges_lists_only_differing_chunks():
+    a = manifest("a", size=3 * 4096, chunks=("1" * 64, "2" * 64, "3" * 64))
+    b = manifest("c", size=3 * 4096, chunks=("1" * 64, "9" * 64, "3" * 64))
+    layouts = {"model.safetensors": object()}
+    assert plan_ranges(a, b, layouts) == [ChangedRange("model.safetensors", 1)]
+    assert plan_ranges(a, a, layouts) == []
+
+
+@pytest.mark.parametrize("target, reason", [
+    (manifest("c", graph_sha="d"), "graph, config or tokenizer"),
+    (manifest("c", size=11), "size changes"),
+])
+def test_plan_ranges_needs_reload_when_more_than_weights_rows_change(target, reason):
+    with pytest.raises(NeedsReload, match=reason):
+        plan_ranges(manifest(), target, {"model.safetensors": object()})
+
+
+def test_plan_ranges_needs_reload_for_renamed_weights():
+    other = build_entries([entry("other.safetensors", "a", Role.weights), entry("graph.json", "b", Role.graph)])
+    with pytest.raises(NeedsReload, match="set of weights files"):
+        plan_ranges(manifest(), other, {})
+
+
+def safetensors_bytes(tensors):
+    doc, off = {}, 0
+    for name, shape in tensors:
+        n = 2 * int(np.prod(shape))
+        doc[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(doc).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * off
+
+
+def test_layout_gives_absolute_offsets():
+    data = safetensors_bytes([("a", [2, 3]), ("b", [4])])
+    layout = parse_layout(data, len(data))
+    slots = layout.by_name()
+    assert slots["a"].start == layout.data_start and slots["a"].row_bytes == 6
+    assert slots["b"].end == len(data)
+    assert [t.name for t in layout.overlapping(layout.data_start + 11, layout.data_start + 13)] == ["a", "b"]
+
+
+@pytest.mark.parametrize("mangle, message", [
+    (lambda d: d[:4], "shorter"),
+    (lambda d: struct.pack("<Q", 10**9) + d[8:], "over the limit"),
+    (lambda d: d + b"\0\0", "file has"),
+    (lambda d: d[:8] + b"x" + d[9:], "not JSON"),
+])
+def test_bad_layouts_are_rejected(mangle, message):
+    data = mangle(safetensors_bytes([("a", [2, 3])]))
+    with pytest.raises(LayoutError, match=message):
+        parse_layout(data, len(data))
+
+
+def test_bf16_widening_is_exact_both_ways():
+    bits = to_bf16(np.random.default_rng(0).standard_normal(1000).astype(np.float32))
+    assert np.array_equal(f32_to_bf16_bits(bf16_to_f32(bits)), bits)
+
+
+def test_transition_request_is_strict():
+    ok = api.TransitionRequest.model_validate({"target": "sha256:" + H, "path": "WholeBundle"})
+    assert ok.strategy == "Auto"
+    for bad in ({"target": "sha256:xyz", "path": "WholeBundle"},
+                {"target": "sha256:" + H, "path": "../../etc"},
+                {"target": "sha256:" + H, "path": "GraphOnly", "strategy": "Sometimes"},
+                {"target": "sha256:" + H, "path": "GraphOnly", "extra": 1}):
+        with pytest.raises(ValidationError):
+            api.TransitionRequest.model_validate(bad)
+
+
+def test_status_serializes_with_contract_names():
+    st = api.TransitionStatus(id="x", **{"from": None}, to="sha256:" + H, requested="Auto", path="GraphOnly")
+    doc = json.loads(api.dump(st))
+    assert {"id", "from", "to", "strategy", "result", "reason", "identity", "timings"} <= set(doc)
+    assert set(doc["timings"]) == {"stageSeconds", "applySeconds", "verifySeconds", "firstTokenSeconds",
+                                   "totalSeconds"}
+
+
+def test_graph_compile_checks_layers_ops_and_variants():
+    config = choose_config(256 * 1024)
+    good = default_graph(config, [{"name": "v", "batch": 1, "seq": 8}])
+    compiled = compile_graph(json.dumps(good).encode(), json.dumps(config).encode(), "d")
+    assert compiled.variant_for(8).name == "v" and compiled.variants[0].kv.shape[3] == 8
+    with pytest.raises(GraphError, match="exceed"):
+        compiled.variant_for(9)
+    bad_ops = dict(good, layers=[{"index": 0, "ops": ["teleport"]}] * config["n_layers"])
+    for graph, message in ((dict(good, layers=good["layers"][:1]), "layers"), (bad_ops, "unknown op"),
+                           (dict(good, variants=[]), "no variants"), (dict(good, format="x"), "format")):
+        with pytest.raises(GraphError, match=message):
+            compile_graph(json.dumps(graph).encode(), json.dumps(config).encode(), "d")
+
+
+def test_registry_names_backends_and_vendor_sdks_fail_clearly():
+    with pytest.raises(BackendError, match="unknown backend"):
+        create_backend("tpu")
+    for name, module in (("rngd", "furiosa_llm"), ("atom", "optimum.rbln")):
+        with pytest.raises(BackendUnavailable, match=module):
+            create_backend(name)
+    assert create_backend("cpu").describe().in_place
