@@ -33,6 +33,7 @@ from .state import BridgeState
 
 log = logging.getLogger("resident.bridge")
 VERSION = "0.1.0"
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL
 
 
 @dataclass
@@ -60,7 +61,14 @@ def socket_path(endpoint: str) -> Path:
     path = Path(endpoint.removeprefix("unix://"))
     if not path.is_absolute():
         raise ValueError(f"endpoint {endpoint!r} must name an absolute socket path")
+    check_socket_length(path)
     return path
+
+
+def check_socket_length(path: Path) -> None:
+    if len(str(path).encode()) > MAX_SOCKET_PATH:
+        raise ValueError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes, the limit "
+                         "of a unix socket address; choose a shorter directory")
 
 
 def remove_stale_socket(path: Path) -> None:
@@ -119,6 +127,7 @@ class Bridge:
         return None
 
     def _grpc_server(self, path: Path) -> grpc.Server:
+        check_socket_length(path)
         remove_stale_socket(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.workers),

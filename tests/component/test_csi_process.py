@@ -1,0 +1,152 @@
+"""The bridge as a process: `resident bridge` flags, stale socket, /metrics on 127.0.0.1,
+kubelet plugin registration served by the bridge, and a Probe that reports not-ready."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import pytest
+
+from csi_bridge import mountinfo
+from csi_bridge.proto import csi_pb2, pluginregistration_pb2 as reg_pb, pluginregistration_pb2_grpc as reg_grpc
+from csi_bridge.server import Bridge, BridgeConfig, remove_stale_socket
+from csi_bridge.testing import REPO_ROOT, BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_help_explains_and_missing_node_id_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "resident_cli", "bridge", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    for flag in ("--endpoint", "--node-id", "--root", "--metrics-port", "--registration-dir",
+                 "--authorize", "--deliveries"):
+        assert flag in out
+    r = subprocess.run([sys.executable, "-m", "csi_bridge", "--endpoint", "unix:///tmp/x.sock"],
+                       capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                       cwd=str(REPO_ROOT))
+    assert r.returncode == 2 and "--node-id" in r.stderr
+
+
+def test_stale_socket_is_replaced_but_other_files_are_not(tmp_path):
+    stale = tmp_path / "csi.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))
+    s.close()  # a socket file nobody listens on, as a killed bridge leaves it
+    bridge = BridgeProcess(tmp_path).start()
+    try:
+        with CsiClient(bridge.socket) as c:
+            assert c.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest()).name == "bundles.resident.dev"
+    finally:
+        bridge.stop()
+    regular = tmp_path / "not-a-socket"
+    regular.write_text("keep me")
+    with pytest.raises(ValueError):
+        remove_stale_socket(regular)
+    assert regular.read_text() == "keep me"
+
+
+@pytest.fixture
+def short_tmp():
+    """A short directory: unix socket paths are limited to 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="csi-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        cleanup_mounts(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_socket_paths_over_the_unix_limit_are_refused_clearly(tmp_path):
+    with pytest.raises(ValueError, match="longer than 107"):
+        Bridge(BridgeConfig(endpoint="unix:///tmp/" + "x" * 120 + "/csi.sock", node_id="n",
+                            root=tmp_path / "data", authorize="deny", private_metrics=True))
+
+
+def test_metrics_logs_and_registration(short_tmp):
+    tmp_path = short_tmp
+    digest = make_bundle(tmp_path / "src", {"graph.onnx": b"g" * 1000, "w.safetensors": b"w" * 5000})
+    port = free_port()
+    reg_dir = tmp_path / "plugins_registry"
+    bridge = BridgeProcess(tmp_path / "b", extra_args=(
+        "--registration-dir", str(reg_dir), "--kubelet-endpoint", "/var/lib/kubelet/plugins/x/csi.sock"))
+    bridge.args[bridge.args.index("--metrics-port") + 1] = str(port)
+    bridge.start()
+    target = tmp_path / "pod" / "mount"
+    target.parent.mkdir()
+    try:
+        # kubelet's side of plugin registration, over the real socket.
+        with grpc.insecure_channel(f"unix://{reg_dir}/bundles.resident.dev-reg.sock") as ch:
+            stub = reg_grpc.RegistrationStub(ch)
+            info = stub.GetInfo(reg_pb.InfoRequest(), timeout=5)
+            assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
+                "CSIPlugin", "bundles.resident.dev", "/var/lib/kubelet/plugins/x/csi.sock", ["1.0.0"])
+            stub.NotifyRegistrationStatus(reg_pb.RegistrationStatus(plugin_registered=True), timeout=5)
+        with CsiClient(bridge.socket) as c:
+            c.node.NodePublishVolume(publish_request("csi-1", target, digest, f"file://{tmp_path}/src"))
+            with pytest.raises(grpc.RpcError):
+                c.node.NodePublishVolume(publish_request("", target, digest, "file:///x"))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'resident_publish_duration_seconds_count{result="published"} 1.0' in text
+        assert 'resident_publish_duration_seconds_count{result="invalid_argument"} 1.0' in text
+        assert 'resident_csi_requests_total{code="INVALID_ARGUMENT",method="NodePublishVolume"} 1.0' in text
+        assert "resident_store_leases 1.0" in text
+        assert "resident_published_volumes 1.0" in text
+        written = [l for l in text.splitlines() if l.startswith('resident_delivery_bytes_total{kind="written"}')]
+        assert written and float(written[0].split()[-1]) >= 6000
+        store = [l for l in text.splitlines() if l.startswith("resident_store_bytes ")]
+        assert store and float(store[0].split()[-1]) >= 6000
+        with pytest.raises(OSError):  # /metrics is on loopback only
+            addr = socket.gethostbyname(socket.gethostname())
+            if addr.startswith("127."):
+                raise OSError("no non-loopback address to try")
+            socket.create_connection((addr, port), timeout=1)
+    finally:
+        bridge.stop()
+        cleanup_mounts(tmp_path)
+    lines = [json.loads(l) for l in bridge.log.read_text().splitlines() if l.startswith("{")]
+    calls = [l for l in lines if l.get("msg") == "csi call" and l["method"] == "NodePublishVolume"]
+    assert {(l["code"], l["volume"]) for l in calls} == {("OK", "csi-1"), ("INVALID_ARGUMENT", None)}
+    assert all("duration_seconds" in l for l in calls)
+    assert any(l.get("msg") == "kubelet registered the plugin" for l in lines)
+    assert "secret" not in bridge.log.read_text()
+
+
+def test_probe_reports_not_ready_when_the_store_is_unusable(tmp_path):
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{tmp_path}/csi.sock", node_id="n",
+                                 root=tmp_path / "data", authorize="deny", private_metrics=True)).start()
+    try:
+        with CsiClient(tmp_path / "csi.sock") as c:
+            assert c.identity.Probe(csi_pb2.ProbeRequest()).ready.value is True
+            shutil.rmtree(tmp_path / "data" / "store" / "blobs")
+            resp, call = c.identity.Probe.with_call(csi_pb2.ProbeRequest())
+            assert resp.ready.value is False
+            assert "blobs" in dict(call.trailing_metadata())["not-ready-reason"]
+    finally:
+        bridge.stop()
+
+
+def test_deny_policy_refuses_every_publish(tmp_path):
+    digest = make_bundle(tmp_path / "src", {"graph.onnx": b"g"})
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{tmp_path}/csi.sock", node_id="n",
+                                 root=tmp_path / "data", authorize="api", api_client=None,
+                                 private_metrics=True)).start()
+    try:
+        with CsiClient(tmp_path / "csi.sock") as c:
+            with pytest.raises(grpc.RpcError) as e:
+                c.node.NodePublishVolume(publish_request("v", tmp_path / "t", digest, f"file://{tmp_path}/src"))
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        bridge.stop()
+    assert not (tmp_path / "t").exists() and mountinfo.mounts_under(tmp_path) == []
