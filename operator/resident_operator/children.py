@@ -58,13 +58,12 @@ def belongs_to(obj: dict[str, Any], model_uid: str) -> bool:
     return labels.get(naming.LABEL_MODEL_UID) == model_uid
 
 
-def orphans(labelled: Iterable[dict[str, Any]], children: Iterable[Child] | None,
-            model_uid: str) -> list[dict[str, Any]]:
-    """Objects labelled for the model (by name) that are not recorded.
+def orphans(labelled: Iterable[dict[str, Any]], children: Iterable[Child] | None
+            ) -> list[dict[str, Any]]:
+    """Objects labelled for the model whose UID is not recorded and not already going away.
 
-    An unrecorded object labelled with *this* model's UID is an orphan only if it is not
-    already being deleted; one labelled with another UID belongs to an earlier model of the
-    same name and is always an orphan.
+    This includes objects labelled for an earlier model of the same name (another
+    ``resident.dev/model-uid``): nothing recorded them either.
     """
     known = recorded_uids(children)
     out = []

@@ -1,0 +1,47 @@
+"""Imports point one way: pure modules never reach the API server, kopf or other packages."""
+
+import ast
+from pathlib import Path
+
+import resident_operator
+
+PKG = Path(resident_operator.__file__).parent
+PURE = ("spec", "settings", "naming", "placement", "delivery", "conditions", "transition",
+        "transition_summary", "planning", "observe", "children")
+SIDE_EFFECTS = {"kubernetes", "kopf", "requests", "resident_operator.kube",
+                "resident_operator.owner_client", "resident_operator.handlers"}
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                mod = "resident_operator" + ("." + mod if mod else "")
+                found |= {f"{mod}.{a.name}" if not node.module else mod for a in node.names}
+            else:
+                found.add(mod)
+    return found
+
+
+def test_pure_modules_have_no_side_effect_imports():
+    for name in PURE:
+        bad = {m for m in imports(PKG / f"{name}.py")
+               if m.split(".")[0] in ("kubernetes", "kopf", "requests") or m in SIDE_EFFECTS}
+        assert not bad, f"{name}.py imports {bad}"
+
+
+def test_operator_imports_no_other_component():
+    for path in PKG.glob("*.py"):
+        bad = {m for m in imports(path) if m.split(".")[0] in ("csi_bridge", "owner")}
+        assert not bad, f"{path.name} imports {bad}"
+
+
+def test_modules_stay_small_and_explain_themselves():
+    for path in PKG.glob("*.py"):
+        text = path.read_text()
+        assert len(text.splitlines()) < 300, path.name
+        assert ast.get_docstring(ast.parse(text)), f"{path.name} has no docstring"

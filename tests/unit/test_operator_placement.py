@@ -1,0 +1,122 @@
+"""Owner Pod, token Secret and BundleDelivery builders, and deterministic names."""
+
+import kopf
+
+from resident_operator import naming
+from resident_operator.delivery import build_bundle_delivery, observe_delivery
+from resident_operator.placement import build_owner_pod, build_token_secret
+from resident_operator.settings import OperatorSettings
+from resident_operator.spec import parse_spec
+
+A = "sha256:" + "aa" * 32
+B = "sha256:" + "bb" * 32
+SETTINGS = OperatorSettings(owner_image="resident:dev")
+MODEL_BODY = {"apiVersion": "resident.dev/v1alpha1", "kind": "ResidentModel",
+              "metadata": {"name": "tiny", "namespace": "ns1", "uid": "model-uid-1"}}
+
+
+def spec(**over):
+    raw = {"bundle": {"source": "file:///m/tiny", "digest": A}}
+    raw.update(over)
+    return parse_spec(raw)
+
+
+def pod_for(s, **kw):
+    args = dict(slot=0, incarnation=0, bundle_digest=A, bundle_source="file:///m/tiny")
+    args.update(kw)
+    return build_owner_pod("tiny", "model-uid-1", s, SETTINGS, **args)
+
+
+def test_accelerator_pod_requests_exactly_one_card():
+    s = spec(accelerator="furiosa.ai/rngd", runtime={"backend": "rngd",
+             "resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}}})
+    c = pod_for(s)["spec"]["containers"][0]
+    assert c["resources"]["requests"] == {"memory": "1Gi", "furiosa.ai/rngd": "1"}
+    assert c["resources"]["limits"] == {"memory": "2Gi", "furiosa.ai/rngd": "1"}
+
+
+def test_cpu_pod_requests_no_card():
+    c = pod_for(spec())["spec"]["containers"][0]
+    assert "resources" not in c
+
+
+def test_pod_carries_the_csi_volume_token_probe_and_labels():
+    s = spec(nodeSelector={"zone": "a"}, tolerations=[{"key": "npu", "operator": "Exists",
+                                                      "effect": "NoSchedule"}],
+             runtime={"port": 9000, "warmup": True, "variants": [{"name": "b1"}]})
+    pod = pod_for(s, slot=2, incarnation=1, bundle_digest=B)
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    csi = vols["bundle"]["csi"]
+    assert csi == {"driver": "bundles.resident.dev", "readOnly": True,
+                   "volumeAttributes": {"digest": B, "source": "file:///m/tiny", "model": "tiny"}}
+    assert vols["owner-token"]["secret"]["secretName"] == "tiny-owner-token"
+    c = pod["spec"]["containers"][0]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["bundle"] == {"name": "bundle", "mountPath": "/bundle", "readOnly": True}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9000}
+    assert c["image"] == "resident:dev"
+    assert c["command"][:2] == ["resident", "owner"] and "--warmup" in c["command"]
+    assert c["command"][c["command"].index("--port") + 1] == "9000"
+    assert pod["spec"]["nodeSelector"] == {"zone": "a"}
+    assert pod["spec"]["tolerations"] == [{"key": "npu", "operator": "Exists", "value": "",
+                                           "effect": "NoSchedule"}]
+    labels = pod["metadata"]["labels"]
+    assert labels[naming.LABEL_MODEL] == "tiny" and labels[naming.LABEL_MODEL_UID] == "model-uid-1"
+    assert labels[naming.LABEL_COMPONENT] == "owner" and labels[naming.LABEL_SLOT] == "2"
+    assert pod["metadata"]["name"] == "tiny-owner-2-r1"
+
+
+def test_host_network_and_image_override_come_from_settings_and_spec():
+    s = spec(runtime={"image": "custom:2"})
+    pod = build_owner_pod("tiny", "u", s, OperatorSettings(owner_image="x", owner_host_network=True),
+                          0, 0, A, "file:///m")
+    assert pod["spec"]["hostNetwork"] is True
+    assert pod["spec"]["containers"][0]["image"] == "custom:2"
+
+
+def test_adopt_adds_the_controller_owner_reference():
+    pod = pod_for(spec())
+    kopf.adopt(pod, owner=MODEL_BODY)
+    ref, = pod["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == \
+        ("ResidentModel", "tiny", "model-uid-1", True)
+    assert pod["metadata"]["namespace"] == "ns1"
+
+
+def test_names_are_deterministic_and_fit_63_characters():
+    assert naming.owner_pod_name("m", 0) == naming.owner_pod_name("m", 0) == "m-owner-0"
+    long = "x" * 80
+    n1, n2 = naming.owner_pod_name(long, 3, 12), naming.owner_pod_name(long + "y", 3, 12)
+    assert len(n1) <= 63 and n1.endswith("-owner-3-r12") and n1 != n2
+    d = naming.delivery_name(long, 1, 0, B)
+    assert len(d) <= 63 and d.endswith("-1-" + "bb" * 6)
+    assert naming.delivery_name("m", 1, 0, A) != naming.delivery_name("m", 1, 0, B)
+
+
+def test_token_secret():
+    sec = build_token_secret("tiny", "u1", "t0ken")
+    assert sec["metadata"]["name"] == "tiny-owner-token" and sec["stringData"] == {"token": "t0ken"}
+    assert sec["metadata"]["labels"][naming.LABEL_COMPONENT] == "token"
+
+
+def test_bundle_delivery_names_pod_by_uid_and_the_donor():
+    bd = build_bundle_delivery("tiny", "u1", spec(delivery={"rebase": "Never", "minReuse": 0.7}),
+                               slot=0, incarnation=0, pod_name="tiny-owner-0", pod_uid="pod-uid",
+                               node_name="node-a", target_digest=B, target_source="file:///m/b",
+                               path="WholeBundle", donor_digest=A)
+    s = bd["spec"]
+    assert (s["podName"], s["podUID"], s["nodeName"], s["path"]) == \
+        ("tiny-owner-0", "pod-uid", "node-a", "WholeBundle")
+    assert s["bundle"] == {"source": "file:///m/b", "digest": B}
+    assert (s["donor"], s["rebase"], s["minReuse"]) == (A, "Never", 0.7)
+    assert bd["metadata"]["labels"][naming.LABEL_REVISION] == "bb" * 8
+
+
+def test_observe_delivery():
+    assert observe_delivery(None) is None
+    o = observe_delivery({"status": {"phase": "Staged", "verified": True, "method": "rebase",
+                                     "bytes": {"fetched": 5, "reused": 7, "written": 5}}})
+    assert o.staged and not o.failed and (o.fetched, o.reused) == (5, 7)
+    assert not observe_delivery({"status": {"phase": "Staged", "verified": False}}).staged
+    assert observe_delivery({"status": {"phase": "Failed", "reason": "IntegrityMismatch"}}).failed
+    assert observe_delivery({}).phase == "Pending"

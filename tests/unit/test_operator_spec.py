@@ -1,0 +1,90 @@
+"""Spec parsing and the semantic rules the 1.20 API server cannot check."""
+
+import pytest
+
+from resident_operator.settings import OperatorSettings, SettingsError, settings_from_env
+from resident_operator.spec import SpecError, check_spec, parse_spec, spec_problems
+
+DIGEST = "sha256:" + "ab" * 32
+WITH_IMAGE = OperatorSettings(owner_image="resident:dev")
+
+
+def raw(**over):
+    spec = {"bundle": {"source": "file:///models/tiny", "digest": DIGEST}}
+    spec.update(over)
+    return spec
+
+
+def test_defaults_match_the_crd():
+    s = parse_spec(raw())
+    assert (s.accelerator, s.replicas, s.runtime.backend, s.runtime.port) == ("cpu", 1, "cpu", 8080)
+    assert (s.delivery.mode, s.delivery.rebase, s.delivery.min_reuse) == ("Auto", "Auto", 0.5)
+    assert (s.transition.strategy, s.transition.max_unavailable, s.transition.timeout_seconds) \
+        == ("Auto", 1, 600)
+    assert s.cards == 0
+    assert spec_problems(s, WITH_IMAGE) == []
+
+
+def test_camel_case_fields_are_read():
+    s = parse_spec(raw(delivery={"minReuse": 0.9}, transition={"maxUnavailable": 3},
+                       nodeSelector={"zone": "a"}))
+    assert s.delivery.min_reuse == 0.9 and s.transition.max_unavailable == 3
+    assert s.node_selector == {"zone": "a"}
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"accelerator": "furiosa.ai/rngd"}, "backend 'cpu' runs only on accelerator cpu"),
+    ({"runtime": {"backend": "rngd"}}, "accelerator 'cpu' needs spec.runtime.backend 'cpu'"),
+    ({"accelerator": "rebellions.ai/ATOM", "runtime": {"backend": "rngd"}}, "runs only on accelerator furiosa.ai/rngd"),
+    ({"runtime": {"warmup": True}}, "nothing to warm up"),
+    ({"runtime": {"variants": [{"name": "a"}, {"name": "a"}]}}, "duplicate names a"),
+    ({"runtime": {"resources": {"limits": {"furiosa.ai/rngd": 2}}}}, "the card comes from spec.accelerator"),
+    ({"runtime": {"resources": {"claims": []}}}, "only requests and limits"),
+    ({"bundle": {"source": "file://relative/path", "digest": DIGEST}}, "absolute path"),
+    ({"bundle": {"source": "oci://registry", "digest": DIGEST}}, "registry/repository"),
+    ({"bundle": {"source": "ftp://x/y", "digest": DIGEST}}, "scheme must be"),
+    ({"bundle": {"source": "file:///x", "digest": "sha256:XYZ"}}, "is not sha256"),
+    ({"nodeSelector": {"bad key!": "x"}}, "not a valid label key"),
+    ({"nodeSelector": {"zone": "not valid!"}}, "not a valid label value"),
+    ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "must not have a value"),
+    ({"tolerations": [{"key": "k", "tolerationSeconds": 5, "effect": "NoSchedule"}]}, "needs effect NoExecute"),
+])
+def test_semantic_problems_are_named(over, needle):
+    problems = spec_problems(parse_spec(raw(**over)), WITH_IMAGE)
+    assert any(needle in p for p in problems), problems
+    with pytest.raises(SpecError, match="spec"):
+        check_spec(raw(**over), WITH_IMAGE)
+
+
+def test_vendor_backend_on_its_card_is_valid():
+    s = parse_spec(raw(accelerator="rebellions.ai/npu", runtime={"backend": "atom"}))
+    assert spec_problems(s, WITH_IMAGE) == [] and s.cards == 1
+
+
+def test_missing_image_needs_an_operator_default():
+    s = parse_spec(raw())
+    assert any("RESIDENT_OWNER_IMAGE" in p for p in spec_problems(s, OperatorSettings()))
+    s2 = parse_spec(raw(runtime={"image": "mine:1"}))
+    assert spec_problems(s2, OperatorSettings()) == []
+
+
+def test_shape_errors_say_where():
+    with pytest.raises(SpecError, match="spec.bundle"):
+        parse_spec({})
+    with pytest.raises(SpecError, match="spec.transition.strategy"):
+        parse_spec(raw(transition={"strategy": "Sideways"}))
+
+
+def test_every_problem_is_reported_at_once():
+    problems = spec_problems(parse_spec(raw(runtime={"warmup": True, "backend": "rngd"})), OperatorSettings())
+    assert len(problems) >= 3
+
+
+def test_settings_from_env():
+    s = settings_from_env({"RESIDENT_OWNER_IMAGE": "img:1", "RESIDENT_OWNER_HOST_NETWORK": "true",
+                           "RESIDENT_RESYNC_SECONDS": "1.5", "UNRELATED": "x"})
+    assert s.owner_image == "img:1" and s.owner_host_network is True and s.resync_seconds == 1.5
+    with pytest.raises(SettingsError, match="RESIDENT_OWNER_HOST_NETWORK"):
+        settings_from_env({"RESIDENT_OWNER_HOST_NETWORK": "maybe"})
+    with pytest.raises(SettingsError, match="RESIDENT_RESYNC_SECONDS"):
+        settings_from_env({"RESIDENT_RESYNC_SECONDS": "-1"})

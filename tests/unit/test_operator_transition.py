@@ -1,0 +1,161 @@
+"""The transition state machine: every step, every failure path, maxUnavailable."""
+
+import pytest
+
+from resident_operator.delivery import DeliveryObservation
+from resident_operator.transition import (Action, Bytes, OwnerObservation, OwnerProgress, Step,
+                                          TransitionState, advance, outcome, owners_to_start)
+from resident_operator.transition_summary import summarize
+
+A = "sha256:" + "aa" * 32
+B = "sha256:" + "bb" * 32
+
+
+def state(n=1):
+    return TransitionState(id="t1", **{"from": A}, to=B, toSource="file:///b", strategy="InPlace",
+                           path="GraphOnly", startedAt=100.0,
+                           owners=[OwnerProgress(slot=i, pod=f"m-owner-{i}", podUID=f"u{i}")
+                                   for i in range(n)])
+
+
+def healthy(**kw):
+    base = dict(pod_exists=True, pod_uid="u0", node="n1", running=True, ready=True, state="ready",
+                identity_bundle=A)
+    base.update(kw)
+    return OwnerObservation(**base)
+
+
+def step(t, p, obs, now=101.0, timeout=600):
+    return advance(t, p, obs, now=now, timeout_seconds=timeout)
+
+
+def test_happy_path_walks_every_step():
+    t = state()
+    p = t.owners[0]
+    d = step(t, p, healthy())
+    assert d.progress.step == Step.delivering and d.actions == [Action.create_delivery]
+    p = d.progress.model_copy(update={"delivery": "bd"})
+    assert step(t, p, healthy(delivery=DeliveryObservation(phase="Staging"))).progress.step == Step.delivering
+    d = step(t, p, healthy(delivery=DeliveryObservation(phase="Staged", verified=True, fetched=10,
+                                                        reused=90, written=10, method="graph-only")))
+    assert d.progress.step == Step.applying and d.actions == [Action.start_owner_transition]
+    assert d.progress.bytes.reused == 90 and d.progress.method == "graph-only"
+    p = d.progress.model_copy(update={"owner_transition": "ot1"})
+    assert step(t, p, healthy(state="transitioning", owner_transition={"result": "running"})).progress.step == Step.applying
+    d = step(t, p, healthy(owner_transition={"result": "succeeded", "strategy": "InPlace",
+                                             "timings": {"firstTokenSeconds": 0.2}}))
+    assert d.progress.step == Step.verifying and d.progress.first_token_seconds == 0.2
+    d = step(t, d.progress, healthy(identity_bundle=B))
+    assert d.progress.step == Step.releasing and d.actions == [Action.release_old_deliveries]
+    d = step(t, d.progress, healthy(identity_bundle=B))
+    assert d.progress.step == Step.done
+    t.owners[0] = d.progress
+    assert outcome(t) == "succeeded"
+
+
+@pytest.mark.parametrize("obs_kw, reason", [
+    ({"delivery": DeliveryObservation(phase="Failed", reason="IntegrityMismatch")}, "DeliveryFailed"),
+])
+def test_failed_delivery_fails_the_owner_and_releases_the_target(obs_kw, reason):
+    t = state()
+    p = t.owners[0].model_copy(update={"step": Step.delivering, "delivery": "bd", "started_at": 100.0})
+    d = step(t, p, healthy(**obs_kw))
+    assert d.progress.step == Step.failed and d.progress.reason == reason
+    assert "IntegrityMismatch" in d.progress.message
+    assert d.actions == [Action.release_target_delivery]
+
+
+def applying(t):
+    return t.owners[0].model_copy(update={"step": Step.applying, "owner_transition": "ot1",
+                                          "started_at": 100.0, "delivered_at": 100.5})
+
+
+def test_owner_transition_failure_and_needs_reload():
+    t = state()
+    d = step(t, applying(t), healthy(owner_transition={"result": "failed", "reason": "verify mismatch"}))
+    assert d.progress.step == Step.failed and d.progress.reason == "OwnerTransitionFailed"
+    assert "verify mismatch" in d.progress.message
+    d = step(t, applying(t), healthy(owner_transition={"result": "needs-reload"}))
+    assert d.progress.reason == "InPlaceNotPossible"
+
+
+def test_quarantined_or_unloaded_owner_is_replaced():
+    t = state()
+    for st in ("quarantined", "unloaded"):
+        d = step(t, applying(t), healthy(state=st, owner_transition={"result": "failed"}))
+        assert d.progress.step == Step.replacing and d.actions == [Action.replace_owner]
+        p = d.progress.model_copy(update={"replaced": True, "pod": "m-owner-0-r1", "pod_uid": "u9"})
+        assert step(t, p, healthy(ready=False, state="loading")).progress.step == Step.replacing
+        assert step(t, p, healthy(identity_bundle=B)).progress.step == Step.done
+
+
+def test_not_running_owner_is_replaced_at_start():
+    t = state()
+    d = step(t, t.owners[0], healthy(running=False, node="", state=None))
+    assert d.progress.step == Step.replacing and d.actions == [Action.replace_owner]
+
+
+def test_identity_mismatch_fails():
+    t = state()
+    p = t.owners[0].model_copy(update={"step": Step.verifying, "started_at": 100.0})
+    d = step(t, p, healthy(identity_bundle=A))
+    assert d.progress.step == Step.failed and d.progress.reason == "IdentityMismatch"
+
+
+def test_timeout_fails_any_active_step():
+    t = state()
+    p = t.owners[0].model_copy(update={"step": Step.delivering, "delivery": "bd", "started_at": 100.0})
+    d = step(t, p, healthy(delivery=DeliveryObservation(phase="Staging")), now=800.0, timeout=600)
+    assert d.progress.step == Step.failed and d.progress.reason == "Timeout"
+
+
+def test_resume_does_not_post_twice():
+    """After a restart in Applying without a recorded id, an owner already on B is not re-asked."""
+    t = state()
+    p = t.owners[0].model_copy(update={"step": Step.applying, "started_at": 100.0})
+    d = step(t, p, healthy(identity_bundle=B))
+    assert d.progress.step == Step.verifying and d.actions == []
+    assert step(t, p, healthy(state="transitioning")).actions == []
+    assert step(t, p, healthy()).actions == [Action.start_owner_transition]
+
+
+def test_lost_owner_transition_is_a_failure_not_a_retry():
+    t = state()
+    d = step(t, applying(t), healthy(owner_transition=None))
+    assert d.progress.step == Step.failed and d.progress.reason == "OwnerTransitionLost"
+    d = step(t, applying(t), healthy(owner_transition=None, state=None))
+    assert d.progress.step == Step.applying
+
+
+def test_max_unavailable_and_stop_on_failure():
+    t = state(4)
+    assert owners_to_start(t, 2) == [0, 1]
+    t.owners[0] = t.owners[0].model_copy(update={"step": Step.applying})
+    assert owners_to_start(t, 2) == [1]
+    t.owners[1] = t.owners[1].model_copy(update={"step": Step.failed})
+    assert owners_to_start(t, 2) == []
+    assert outcome(t) == "running"  # owner 0 still active
+    t.owners[0] = t.owners[0].model_copy(update={"step": Step.done})
+    assert outcome(t) == "failed"
+
+
+def test_summary_sums_bytes_and_keeps_every_key():
+    t = state(2)
+    for i in range(2):
+        t.owners[i] = t.owners[i].model_copy(update={
+            "step": Step.done, "started_at": 100.0, "delivered_at": 101.0 + i, "applied_at": 103.0 + i,
+            "finished_at": 104.0 + i, "strategy": "InPlace", "method": "graph-only",
+            "bytes": Bytes(fetched=10, reused=100, written=10)})
+    t.result = "succeeded"
+    s = summarize(t, now=110.0)
+    assert s["bytes"] == {"fetched": 20, "reused": 200, "written": 20}
+    assert s["durations"]["deliverSeconds"] == 2.0 and s["durations"]["applySeconds"] == 2.0
+    assert s["durations"]["totalSeconds"] == 10.0
+    assert (s["from"], s["to"], s["result"], s["strategy"], s["reason"]) == (A, B, "succeeded", "InPlace", "")
+
+
+def test_status_round_trip_uses_camel_case():
+    t = state()
+    dumped = t.dump()
+    assert dumped["from"] == A and dumped["owners"][0]["podUID"] == "u0"
+    assert TransitionState.model_validate(dumped) == t
