@@ -109,17 +109,32 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         found = self._object()
+        refusal = None
         if found is None:
-            return self._reply(404, b"PUT only to manifests/sha256-<hex>.json or blobs/sha256-<hex>\n")
-        if self.server.read_only:
-            return self._reply(405, b"this server is read-only\n")
-        if "chunked" in self.headers.get("Transfer-Encoding", "") or not self.headers.get("Content-Length"):
-            return self._reply(411, b"a Content-Length is required\n")
+            refusal = (404, b"PUT only to manifests/sha256-<hex>.json or blobs/sha256-<hex>\n")
+        elif self.server.read_only:
+            refusal = (405, b"this server is read-only\n")
+        elif "chunked" in self.headers.get("Transfer-Encoding", "") or \
+                not self.headers.get("Content-Length", "").isdigit():
+            refusal = (411, b"a Content-Length is required\n")
+        if refusal:
+            self.close_connection = True  # the unread body must not be taken for a request
+            return self._reply(*refusal)
         path, hexdigest = found
-        length = int(self.headers["Content-Length"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        code, message = self._store(path, hexdigest, int(self.headers["Content-Length"]))
+        if code == 400:
+            REJECTED.inc()
+        self._reply(code, message.encode())
+
+    def _store(self, path: Path, hexdigest: str, length: int) -> tuple[int, str]:
+        """Receive the body into a temporary file; rename it to ``path`` only if it verifies.
+
+        The temporary file is gone before the answer is sent, whatever the outcome.
+        """
+        tmp = None
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             hasher, left = hashlib.sha256(), length
             with os.fdopen(fd, "wb") as out:
                 while left > 0:
@@ -131,19 +146,18 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
                     left -= len(block)
             if left:
                 self.close_connection = True
-                REJECTED.inc()
-                return self._reply(400, f"body ended after {length - left} of {length} bytes\n".encode())
+                return 400, f"body ended after {length - left} of {length} bytes\n"
             if hasher.hexdigest() != hexdigest:
-                REJECTED.inc()
-                return self._reply(400, f"body sha256 {hasher.hexdigest()} does not match the name\n".encode())
+                return 400, f"body sha256 {hasher.hexdigest()} does not match the name\n"
             existed = path.exists()
             os.replace(tmp, path)
+            tmp = None
             STORED_BYTES.inc(length)
-            self._reply(200 if existed else 201, b"")
+            return (200 if existed else 201), ""
         except OSError as e:
-            self._reply(507, f"cannot store: {e.strerror}\n".encode())
+            return 507, f"cannot store: {e.strerror}\n"
         finally:
-            if os.path.exists(tmp):
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
 
     # -- plumbing --------------------------------------------------------------------
