@@ -1,0 +1,351 @@
+"""Transitions through a real owner HTTP server on 127.0.0.1: strategies, timings, faults,
+quarantine, unload and concurrent inference.
+
+The Fault*/Slow* backends below are test-only subclasses of the real cpu backend that
+inject one failure each; they exist only in this file.
+"""
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import requests
+
+from bundle.demo import make_demo, make_revision
+from owner.backends.cpu import CpuBackend
+from owner.local_volume import stage_revision
+from owner.revisions import open_revision
+from owner.runtime import Owner
+from owner.server import make_server
+
+TOKEN = "t0ken-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SIZE = 512 * 1024
+PROMPT = "In place or reload?"
+
+
+class FaultyWriteCpuBackend(CpuBackend):
+    """Test-only: corrupts one bit of the first row block each in-place update writes."""
+
+    def apply_in_place(self, update):
+        self.writes, self.patches = 0, len(update.patches)
+        return super().apply_in_place(update)
+
+    def write_rows(self, name, rows, values):
+        self.writes += 1
+        if self.writes == 1:
+            values = values.copy()
+            values[0, 0] ^= np.uint16(1)
+        super().write_rows(name, rows, values)
+
+
+class FaultyRestoreCpuBackend(FaultyWriteCpuBackend):
+    """Test-only: corrupts the write (as above) and then fails every restoring write."""
+
+    def write_rows(self, name, rows, values):
+        if self.writes >= self.patches:
+            self.writes += 1
+            raise OSError("injected: device refused the restoring write")
+        super().write_rows(name, rows, values)
+
+
+class FaultyReleaseCpuBackend(CpuBackend):
+    """Test-only: the update applies and verifies, but releasing staged memory fails."""
+
+    def release_staged(self, update):
+        raise RuntimeError("injected: staged buffer still pinned")
+
+
+class SlowApplyCpuBackend(CpuBackend):
+    """Test-only: each in-place row write takes 0.1 s, so requests pile up on the lock."""
+
+    def __init__(self):
+        super().__init__()
+        self.writing = threading.Event()
+
+    def write_rows(self, name, rows, values):
+        self.writing.set()
+        time.sleep(0.1)
+        super().write_rows(name, rows, values)
+
+
+class CountingCpuBackend(CpuBackend):
+    """Test-only: records which variants generate ran on."""
+
+    def __init__(self):
+        super().__init__()
+        self.ran = []
+
+    def generate(self, prompt, max_tokens, variant=None):
+        self.ran.append(variant)
+        return super().generate(prompt, max_tokens, variant)
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("owner")
+    src, vol = tmp / "src", tmp / "vol"
+    digests = {"base": make_demo(src / "base", SIZE, seed=5, chunk_size=64 * 1024).digest}
+    stage_revision(vol, src / "base", make_current=True, hardlink=False)
+    make_revision(src / "base", src / "rows", "rows", seed=8, fraction=0.05, chunk_size=64 * 1024)
+    make_revision(src / "base", src / "rows2", "rows", seed=9, fraction=0.2, chunk_size=64 * 1024,
+                  tensors=["lm_head.weight", "layers.0.attn.v_proj.weight"])
+    make_revision(src / "base", src / "graph", "graph", chunk_size=64 * 1024)
+    make_revision(src / "base", src / "whole", "whole", chunk_size=64 * 1024)
+    for name in ("rows", "rows2", "graph", "whole"):
+        digests[name] = stage_revision(vol, src / name, hardlink=False)
+    return vol, digests
+
+
+@pytest.fixture(scope="module")
+def reference(volume):
+    """Tokens a fresh load of each revision generates for PROMPT."""
+    vol, digests = volume
+    out = {}
+    for name, digest in digests.items():
+        b = CpuBackend()
+        b.load(open_revision(vol, digest))
+        out[digest] = b.generate(PROMPT, 8).tokens
+    return out
+
+
+class Client:
+    def __init__(self, url, owner):
+        self.url, self.owner = url, owner
+
+    def get(self, path, auth=True):
+        return requests.get(self.url + path, headers=AUTH if auth else {}, timeout=30)
+
+    def post(self, path, body, headers=AUTH):
+        return requests.post(self.url + path, json=body, headers=headers, timeout=30)
+
+    def transition(self, target, strategy="Auto", path="WholeBundle"):
+        r = self.post("/v1/transitions", {"target": target, "path": path, "strategy": strategy})
+        assert r.status_code == 202, r.text
+        tid = r.json()["id"]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            st = self.get(f"/v1/transitions/{tid}").json()
+            if st["result"] != "running":
+                return st
+            time.sleep(0.01)
+        raise AssertionError(f"transition {tid} did not finish")
+
+    def generate(self, prompt=PROMPT, max_tokens=8):
+        return self.post("/v1/generate", {"prompt": prompt, "maxTokens": max_tokens})
+
+
+@contextmanager
+def serving(vol, backend=None, warmup=False):
+    owner = Owner(vol, backend or CpuBackend(), warmup=warmup)
+    owner.start()
+    server = make_server(owner, TOKEN, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Client(f"http://127.0.0.1:{server.server_address[1]}", owner)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+        owner.close()
+
+
+def identity_of(vol, digest):
+    return open_revision(vol, digest).manifest.identity()
+
+
+def test_in_place_transition_succeeds_with_timings_metrics_and_parity(volume, reference):
+    vol, d = volume
+    with serving(vol) as c:
+        st = c.transition(d["rows"])
+        assert (st["result"], st["strategy"], st["from"], st["to"]) == ("succeeded", "InPlace", d["base"], d["rows"])
+        assert st["rowsChanged"] > 0 and st["identity"] == identity_of(vol, d["rows"])
+        assert all(v is not None and v >= 0 for v in st["timings"].values())
+        assert c.get("/v1/identity").json()["identity"] == identity_of(vol, d["rows"])
+        g = c.generate().json()
+        assert g["tokens"] == reference[d["rows"]] and g["identity"]["bundle"] == d["rows"]
+        metrics = c.get("/metrics", auth=False).text
+        assert 'resident_owner_transition_duration_seconds_count{phase="apply",strategy="InPlace"} 1.0' in metrics
+        assert 'resident_owner_transitions_total{result="succeeded",strategy="InPlace"} 1.0' in metrics
+        assert 'resident_owner_state{state="ready"} 1.0' in metrics
+
+
+def test_auto_reloads_when_not_admissible_and_reuses_graph_only_when_unchanged(volume, reference):
+    vol, d = volume
+    with serving(vol) as c:
+        st = c.transition(d["graph"], path="GraphOnly")
+        assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", False)
+        assert "reload chosen" in st["reason"]
+        st = c.transition(d["whole"])
+        assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", False)
+        st = c.transition(d["rows"], strategy="Reload")
+        assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", True)
+        assert c.generate().json()["tokens"] == reference[d["rows"]]
+
+
+def test_in_place_strategy_answers_needs_reload_and_changes_nothing(volume, reference):
+    vol, d = volume
+    with serving(vol) as c:
+        for target in ("graph", "whole"):
+            st = c.transition(d[target], strategy="InPlace")
+            assert st["result"] == "needs-reload" and st["identity"]["bundle"] == d["base"]
+        assert c.get("/readyz", auth=False).status_code == 200
+        assert c.generate().json()["tokens"] == reference[d["base"]]
+
+
+def test_corrupt_write_is_rejected_and_base_is_restored(volume, reference):
+    vol, d = volume
+    with serving(vol, FaultyWriteCpuBackend()) as c:
+        st = c.transition(d["rows2"])
+        assert st["result"] == "failed" and "verification failed" in st["reason"]
+        assert st["identity"] == identity_of(vol, d["base"])
+        assert c.get("/v1/identity").json()["state"] == "ready"
+        assert c.generate().json()["tokens"] == reference[d["base"]]
+        live = c.owner.backend
+        fresh = CpuBackend()
+        fresh.load(open_revision(vol, d["base"]))
+        assert all(np.array_equal(live.weights[n].view(np.uint32), fresh.weights[n].view(np.uint32))
+                   for n in fresh.weights)
+
+
+def test_restore_failure_unloads_and_refuses_inference(volume):
+    vol, d = volume
+    with serving(vol, FaultyRestoreCpuBackend()) as c:
+        st = c.transition(d["rows2"])
+        assert st["result"] == "failed" and "unloaded" in st["reason"]
+        body = c.get("/v1/identity").json()
+        assert body["state"] == "unloaded" and body["identity"] is None
+        r = c.generate()
+        assert r.status_code == 503 and "unloaded" in r.json()["error"]
+        assert c.get("/readyz", auth=False).status_code == 503
+        assert c.post("/v1/transitions", {"target": d["base"], "path": "WholeBundle"}).status_code == 409
+
+
+def test_release_failure_quarantines_and_blocks_transitions(volume, reference):
+    vol, d = volume
+    with serving(vol, FaultyReleaseCpuBackend()) as c:
+        st = c.transition(d["rows"])
+        assert st["result"] == "failed" and "quarantined" in st["reason"]
+        assert c.get("/v1/identity").json()["state"] == "quarantined"
+        r = c.post("/v1/transitions", {"target": d["base"], "path": "WholeBundle", "strategy": "Reload"})
+        assert r.status_code == 409 and "quarantined" in r.json()["error"]
+        assert c.get("/readyz", auth=False).status_code == 503
+        g = c.generate().json()  # the verified weights keep serving until the operator replaces us
+        assert g["tokens"] == reference[g["identity"]["bundle"]]
+
+
+def test_corrupt_target_chunk_fails_the_transition_and_keeps_base(tmp_path, volume, reference):
+    vol, d = volume
+    import shutil
+    copy = tmp_path / "vol"
+    shutil.copytree(vol, copy, symlinks=True)
+    rev, base = open_revision(copy, d["rows"]), open_revision(copy, d["base"])
+    new, old = rev.manifest.by_path()["model.safetensors"], base.manifest.by_path()["model.safetensors"]
+    changed = [i for i, (a, b) in enumerate(zip(old.chunks, new.chunks)) if a != b]
+    weights = rev.dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[changed[0] * rev.manifest.chunk_size + 100] ^= 0xFF  # inside a chunk the update must read
+    weights.write_bytes(bytes(data))
+    with serving(copy) as c:
+        st = c.transition(d["rows"])
+        assert st["result"] == "failed" and "do not match" in st["reason"]
+        assert c.get("/v1/identity").json()["identity"]["bundle"] == d["base"]
+        assert c.generate().json()["tokens"] == reference[d["base"]]
+
+
+def test_concurrent_generate_waits_and_sees_old_or_new_never_a_mix(volume, reference):
+    vol, d = volume
+    backend = SlowApplyCpuBackend()
+    with serving(vol, backend) as c:
+        results, errors = [], []
+
+        def client(after_write_started):
+            if after_write_started:
+                backend.writing.wait(10)
+            t0 = time.monotonic()
+            r = c.generate()
+            (results if r.status_code == 200 else errors).append((after_write_started, r.json(),
+                                                                  time.monotonic() - t0))
+
+        r = c.post("/v1/transitions", {"target": d["rows"], "path": "WholeBundle"})
+        assert r.status_code == 202
+        second = c.post("/v1/transitions", {"target": d["rows2"], "path": "WholeBundle"})
+        assert second.status_code == 409 and "already running" in second.json()["error"]
+        threads = [threading.Thread(target=client, args=(i % 2 == 0,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors
+        assert len(results) == 6
+        for after, body, _ in results:
+            assert body["tokens"] == reference[body["identity"]["bundle"]]  # tokens match the identity
+            if after:  # started while rows were being written: waited for the lock, saw the new model
+                assert body["identity"]["bundle"] == d["rows"]
+        c.owner.wait_idle()
+        assert c.owner.transitions[r.json()["id"]].result == "succeeded"
+
+
+def test_bad_requests_get_clear_4xx(tmp_path, volume):
+    vol, d = volume
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    fake = "sha256:" + "ab" * 32
+    link = vol / "revisions" / fake.replace(":", "-")
+    os.symlink(outside, link)
+    try:
+        with serving(vol) as c:
+            body = {"target": d["rows"], "path": "WholeBundle"}
+            assert c.get("/v1/identity", auth=False).status_code == 401
+            bad = {"Authorization": "Bearer wrong"}
+            assert requests.get(c.url + "/v1/identity", headers=bad, timeout=5).status_code == 401
+            assert c.post("/v1/transitions", body, headers=bad).status_code == 401
+            assert c.post("/v1/generate", {"prompt": "x"}, headers=bad).status_code == 401
+            r = c.post("/v1/transitions", {"target": "sha256:" + "0" * 64, "path": "WholeBundle"})
+            assert r.status_code == 404 and "not staged" in r.json()["error"]
+            r = c.post("/v1/transitions", {"target": fake, "path": "WholeBundle"})
+            assert r.status_code == 400 and "outside" in r.json()["error"]
+            r = c.post("/v1/transitions", {"target": d["rows"], "path": "../../etc"})
+            assert r.status_code == 400 and "path" in r.json()["error"]
+            r = c.post("/v1/transitions", {"target": "sha256:../../x", "path": "WholeBundle"})
+            assert r.status_code == 400 and "target" in r.json()["error"]
+            r = c.post("/v1/transitions", {"target": d["whole"], "path": "GraphOnly"})
+            assert r.status_code == 400 and "weights differ" in r.json()["error"]
+            r = requests.post(c.url + "/v1/generate", data=b"{not json", headers=AUTH, timeout=5)
+            assert r.status_code == 400
+            assert c.generate(max_tokens=5000).status_code == 400
+            r = c.generate(prompt="x" * 1000, max_tokens=100)
+            assert r.status_code == 400 and "exceed" in r.json()["error"]
+            assert c.get("/v1/transitions/abc").status_code == 404
+            assert c.get("/v1/nothing").status_code == 404
+            assert c.get("/v1/identity").json()["identity"]["bundle"] == d["base"]  # nothing changed
+            assert not c.owner.transitions
+    finally:
+        os.unlink(link)
+
+
+def test_warmup_runs_every_variant_before_ready(volume):
+    vol, _ = volume
+    backend = CountingCpuBackend()
+    owner = Owner(vol, backend, warmup=True)
+    assert owner.state == "loading"
+    owner.start()
+    try:
+        assert owner.state == "ready"
+        assert sorted(backend.ran) == sorted(backend.variants()) and len(backend.ran) == 2
+    finally:
+        owner.close()
+
+
+def test_start_failure_closes_the_engine(tmp_path):
+    from owner.runtime import StartupError
+
+    backend = CpuBackend()
+    owner = Owner(tmp_path, backend)
+    with pytest.raises(StartupError, match="no current revision"):
+        owner.start()
+    assert owner.state == "unloaded" and backend.decoder is None
