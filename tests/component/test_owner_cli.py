@@ -1,0 +1,108 @@
+"""Acceptance: ``resident owner`` serves a generated demo bundle and answers /v1/generate
+on 127.0.0.1; a start failure exits non-zero with the cause."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from bundle.demo import make_demo
+from owner.local_volume import stage_revision
+
+REPO = Path(__file__).resolve().parents[2]
+RESIDENT = [sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_cli.main())"]
+
+
+def start(args, cwd):
+    return subprocess.Popen(RESIDENT + ["owner", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def port_from_logs(proc, deadline):
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if doc.get("msg") == "owner listening":
+            return doc["port"]
+    raise AssertionError("the owner never logged its port")
+
+
+@pytest.fixture
+def volume(tmp_path):
+    make_demo(tmp_path / "demo", 256 * 1024, seed=1)
+    digest = stage_revision(tmp_path / "vol", tmp_path / "demo", make_current=True)
+    (tmp_path / "token").write_text("s3cret\n")
+    return tmp_path, digest
+
+
+def test_resident_owner_serves_a_demo_bundle(volume):
+    tmp, digest = volume
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"),
+                  "--port", "0", "--warmup"], tmp)
+    try:
+        port = port_from_logs(proc, time.monotonic() + 30)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while requests.get(url + "/readyz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        r = requests.post(url + "/v1/generate", json={"prompt": "hello", "maxTokens": 4},
+                          headers={"Authorization": "Bearer s3cret"}, timeout=10)
+        assert r.status_code == 200
+        body = r.json()
+        assert len(body["tokens"]) == 4 and body["identity"]["bundle"] == digest
+        assert body["firstTokenSeconds"] > 0
+    finally:
+        stop(proc)
+    assert proc.returncode == 0
+
+
+def test_start_failure_exits_non_zero_with_the_cause(volume):
+    tmp, digest = volume
+    weights = tmp / "vol" / "current" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    os.unlink(weights)  # the volume hardlinks the demo; break the link before corrupting
+    data[1000] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--port", "0"], tmp)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 1
+    assert "start failed" in err and "sha256 does not match" in err
+
+
+def test_missing_token_file_is_a_clear_error(volume):
+    tmp, _ = volume
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "nope")], tmp)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "nope" in err
+
+
+def test_help_explains_the_command():
+    out = subprocess.run(RESIDENT + ["owner", "--help"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0
+    assert "--bundle-dir" in out.stdout and "--token-file" in out.stdout and "current ->" in out.stdout
