@@ -136,3 +136,11 @@ def test_push_of_an_unbuilt_or_damaged_bundle_is_refused(tmp_path, bundle_dir):
     with pytest.raises(ManifestError, match="missing"):
         push(bundle_dir, f"file://{tmp_path}/out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_whose_manifest_has_path_traversal_is_rejected(bundle_dir):
+    raw = (bundle_dir / MANIFEST_NAME).read_bytes().replace(b'"path":"config.json"',
+                                                           b'"path":"../config.json"')
+    (bundle_dir / MANIFEST_NAME).write_bytes(raw)
+    with pytest.raises(ManifestError, match="escapes"):
+        open_source(f"file://{bundle_dir}").fetch_manifest("sha256:" + hashlib.sha256(raw).hexdigest())

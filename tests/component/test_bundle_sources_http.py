@@ -234,6 +234,20 @@ def test_the_server_stores_only_bodies_that_match_their_name(server):
     assert [p.name for p in (server.root / "r/blobs").iterdir()] == [f"sha256-{hexd}"]
 
 
+def test_the_server_refuses_puts_without_a_length(server):
+    hexd = hashlib.sha256(b"abc").hexdigest()
+    url = f"{server.url}/r/blobs/sha256-{hexd}"
+    chunked = requests.put(url, data=iter([b"a", b"bc"]), timeout=5)  # Transfer-Encoding: chunked
+    assert chunked.status_code == 411
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
+    conn.putrequest("PUT", f"/r/blobs/sha256-{hexd}")
+    conn.putheader("Content-Length", "three")
+    conn.endheaders()
+    assert conn.getresponse().status == 411
+    conn.close()
+    assert not (server.root / "r").exists()
+
+
 def test_push_of_a_changed_bundle_publishes_no_manifest(server, bundle_dir):
     data = bytearray((bundle_dir / "graph.onnx").read_bytes())
     data[5] ^= 1
