@@ -54,9 +54,12 @@ class Catalog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with self._connect() as db:
+        db = self._connect()  # (a Connection's own context manager does not close it)
+        try:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
+        finally:
+            db.close()
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=60, isolation_level=None)

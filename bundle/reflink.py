@@ -22,14 +22,14 @@ from pathlib import Path
 FICLONE = 0x40049409       # _IOW(0x94, 9, int)
 FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
 _REFUSED = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS,
-            errno.EBADF, errno.EPERM}
+            errno.EPERM}
 
 
 def supports_reflink(directory: Path) -> bool:
     """Try a one-block clone between two probe files in ``directory``; clean up after."""
     src, dst = directory / ".reflink-probe-src", directory / ".reflink-probe-dst"
     try:
-        with open(src, "wb") as s:
+        with open(src, "w+b") as s:
             s.write(b"\xa5" * 4096)
             s.flush()
             with open(dst, "wb") as d:

@@ -24,6 +24,7 @@ import errno
 import fcntl
 import logging
 import os
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
@@ -154,10 +155,14 @@ class Store:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise StoreFull(f"store filesystem is full materializing {digest}: {e}") from None
                 raise
+            except sqlite3.OperationalError as e:
+                if "full" in str(e):
+                    raise StoreFull(f"store catalog is full materializing {digest}: {e}") from None
+                raise
             finally:
+                reclaim.remove_tree(work)  # first: frees space the catalog may need
                 if not published:
                     self.catalog.finish_work(token, digest, publish=False)
-                reclaim.remove_tree(work)
                 (self.root / "work" / f"{token}.lock").unlink(missing_ok=True)
                 os.close(lock_fd)
         seconds = time.monotonic() - t0
