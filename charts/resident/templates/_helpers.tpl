@@ -1,0 +1,66 @@
+{{/*
+Names and labels shared by every template. Object names are "<fullname>-<component>";
+cluster-scoped objects (ClusterRoles, bindings) carry the full name too, so two releases
+in different namespaces do not collide. The CSIDriver's name is the driver name itself.
+*/}}
+
+{{- define "resident.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "resident.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The CSI driver name: fixed by the CSI contract (docs/contracts.md). */}}
+{{- define "resident.driver" -}}bundles.resident.dev{{- end -}}
+
+{{- define "resident.labels" -}}
+app.kubernetes.io/name: {{ include "resident.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Selector labels of one component; call with (dict "ctx" $ "component" "operator"). */}}
+{{- define "resident.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "resident.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "resident.componentLabels" -}}
+{{ include "resident.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "resident.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "resident.ownerImage" -}}
+{{- $img := .Values.operator.owner.image -}}
+{{- printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) -}}
+{{- end -}}
+
+{{/*
+The restricted container securityContext every non-privileged container uses: no
+privilege escalation, read-only root filesystem, every capability dropped.
+*/}}
+{{- define "resident.restrictedContainer" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
