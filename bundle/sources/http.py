@@ -58,7 +58,7 @@ class HttpSource(Source):
         self.reader = RangedReader(self.session, policy or RetryPolicy(), self.scheme)
 
     def manifest_bytes(self, digest: str) -> bytes:
-        return self.reader.get_small(manifest_url(self.base, digest), MAX_MANIFEST_BYTES).content
+        return self.reader.get_small(manifest_url(self.base, digest), MAX_MANIFEST_BYTES)
 
     def read(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
         check_range(entry, offset, length)

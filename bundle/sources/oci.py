@@ -50,7 +50,7 @@ class OciSource(Source):
         self.reader = RangedReader(self.session, policy or RetryPolicy(), self.scheme)
 
     def manifest_bytes(self, digest: str) -> bytes:
-        return self.reader.get_small(self.ref.blob_url(digest), MAX_MANIFEST_BYTES).content
+        return self.reader.get_small(self.ref.blob_url(digest), MAX_MANIFEST_BYTES)
 
     def read(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
         check_range(entry, offset, length)
@@ -63,7 +63,7 @@ class OciSource(Source):
         if not tag:
             raise SourceUnavailable(f"{self.uri}: no tag to resolve")
         url = self.ref.manifest_url(tag)
-        body = self.reader.get_small(url, 4 * 1024 * 1024, headers={"Accept": OCI_MANIFEST}).content
+        body = self.reader.get_small(url, 4 * 1024 * 1024, headers={"Accept": OCI_MANIFEST})
         try:
             config = json.loads(body)["config"]
             media, digest = config["mediaType"], check_digest(config["digest"])

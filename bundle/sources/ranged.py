@@ -72,6 +72,8 @@ class RangedReader:
 
     def __init__(self, session: requests.Session, policy: RetryPolicy, scheme: str) -> None:
         self.session, self.policy, self.scheme = session, policy, scheme
+        # bytes as stored: a compressed representation would break digests and ranges
+        session.headers["Accept-Encoding"] = "identity"
 
     def read(self, url: str, offset: int, length: int, path: str, sha256: str) -> Iterator[bytes]:
         """Yield exactly the bytes ``[offset, offset+length)`` of ``url``, resuming as needed.
@@ -103,7 +105,7 @@ class RangedReader:
                 failures += 1
                 self._give_up_or_wait(failures, url, e, f"{pos - offset} of {length} bytes received")
 
-    def get_small(self, url: str, limit: int, headers: dict | None = None) -> requests.Response:
+    def get_small(self, url: str, limit: int, headers: dict | None = None) -> bytes:
         """GET a small document (a manifest) whole, with retries; at most ``limit`` bytes."""
         failures = 0
         while True:
@@ -117,8 +119,7 @@ class RangedReader:
                         body += block
                         if len(body) > limit:
                             raise SourceUnavailable(f"{url}: document larger than {limit} bytes")
-                resp._content = bytes(body)  # the body as read, for .content / .json()
-                return resp
+                return bytes(body)
             except (_Retry, *RETRYABLE) as e:
                 failures += 1
                 self._give_up_or_wait(failures, url, e, "")

@@ -51,6 +51,7 @@ class FaultyHandler(BundleRequestHandler):
     def send_body(self, f, length):
         srv = self.server
         srv.ranges.append(self.headers.get("Range"))
+        srv.encodings.add(self.headers.get("Accept-Encoding"))
         fault, cut = srv.fault, srv.cut
         if fault == "corrupt":
             data = bytearray(f.read(length))
@@ -75,6 +76,7 @@ class FaultyHandler(BundleRequestHandler):
 def server(tmp_path):
     srv = BundleServer(tmp_path / "srv", handler=FaultyHandler)
     srv.fault, srv.cut, srv.flip_at, srv.dropped, srv.ranges, srv.puts = None, 5000, 0, 0, [], []
+    srv.encodings = set()
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -117,6 +119,7 @@ def test_push_then_read_every_file_and_chunk(server, bundle_dir):
             off, n = chunk_range(big, i, m.chunk_size)
             fetch_verified(src, big, off, n, sha, chunk=i)
             assert server.ranges[-1] == f"bytes={off}-{off + n - 1}"
+    assert server.encodings == {"identity"}  # never a compressed representation: digests and ranges hold
     blobs = list((server.root / "models" / "tiny" / "blobs").iterdir())
     assert len(blobs) == len({f.sha256 for f in m.files})  # one blob per distinct content
     server.puts.clear()
