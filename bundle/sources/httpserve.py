@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import os
 import re
@@ -29,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+
+from .. import jsonlog
 
 log = logging.getLogger("resident.bundle.httpserve")
 OBJECT_PATH = re.compile(
@@ -192,18 +193,6 @@ class BundleServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
 
-class JsonLines(logging.Formatter):
-    """One JSON object per log line, with the record's extra fields."""
-
-    SKIP = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-               "msg": record.getMessage()}
-        doc.update({k: v for k, v in vars(record).items() if k not in self.SKIP})
-        return json.dumps(doc, default=str)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bundle.sources.httpserve",
@@ -214,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8700, help="TCP port (default 8700; 0 picks a free one)")
     ap.add_argument("--read-only", action="store_true", help="refuse PUT")
     args = ap.parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines())
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    jsonlog.configure()
     args.root.mkdir(parents=True, exist_ok=True)
     server = BundleServer(args.root, args.host, args.port, read_only=args.read_only)
     log.info("serving", extra={"url": server.url, "root": str(args.root), "read_only": args.read_only})
