@@ -289,3 +289,20 @@ def test_httpserve_runs_as_a_program(tmp_path, bundle_dir):
         proc.wait(10)
     logs = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith("{")]
     assert any(r.get("method") == "PUT" and r.get("status") == 201 for r in logs)
+
+
+def test_the_store_materializes_only_verified_bytes_from_an_http_source(server, published, tmp_path,
+                                                                         bundle_dir):
+    from bundle.store import Store
+
+    src, m = published
+    store = Store(tmp_path / "store")
+    server.fault, server.flip_at = "corrupt", 4000  # every response has one wrong byte
+    with pytest.raises(IntegrityMismatch):
+        store.materialize(m, src)
+    assert not store.has_revision(m.digest) and store.revisions() == []
+    server.fault, server.cut = "drop_always", 7000  # now good bytes, but every response drops
+    res = store.materialize(m, src)
+    assert res.verified and store.has_revision(m.digest)
+    for f in m.files:
+        assert (res.path / f.path).read_bytes() == (bundle_dir / f.path).read_bytes()

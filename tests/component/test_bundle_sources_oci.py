@@ -264,3 +264,15 @@ def test_reads_from_the_registry_resume_after_a_dropped_connection(registry, rep
         assert resumed[0] == 0 and len(resumed) == 2 and 0 < resumed[1] < 12000
     finally:
         proxy.close()
+
+
+def test_the_store_materializes_a_bundle_from_the_registry(repo, bundle_dir, tmp_path):
+    from bundle.store import Store
+
+    digest = push(bundle_dir, repo + ":v1")
+    with open_source(repo, FAST) as src:
+        m = src.fetch_manifest(src.resolve("v1"))
+        res = Store(tmp_path / "store").materialize(m, src)
+    assert res.digest == digest and res.verified and 0 < res.bytes_fetched <= m.total_bytes
+    for f in m.files:
+        assert (res.path / f.path).read_bytes() == (bundle_dir / f.path).read_bytes()
