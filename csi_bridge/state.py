@@ -8,7 +8,8 @@ the bridge did with that content, so a restarted bridge can reconcile:
   state, ``publishing`` while work is under way and ``published`` once the read-only
   mount is verified. It is keyed by target path: one thing is mounted on a target.
 - a *delivery* is one BundleDelivery object served into a publication's volume:
-  ``staging``, ``staged`` or ``failed``, with the generation it answers.
+  ``staging``, ``staged`` or ``failed``, with the generation it answers and the status
+  it reported (kept so a restarted bridge reports the same byte counts again).
 
 The file is opened in WAL mode with one connection shared under a lock: the bridge's
 writes are few and small, and a crash between two statements leaves each row whole.
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     digest      TEXT NOT NULL,
     generation  INTEGER NOT NULL,
     state       TEXT NOT NULL CHECK (state IN ('staging', 'staged', 'failed')),
+    status_json TEXT NOT NULL DEFAULT '{}',
     updated     REAL NOT NULL
 );
 """
@@ -75,6 +77,7 @@ class Delivery:
     digest: str
     generation: int
     state: str
+    status_json: str = "{}"
     updated: float = 0.0
 
 

@@ -1,0 +1,191 @@
+"""The BundleDelivery watch: serve the deliveries addressed to this node.
+
+The API server (1.20) has no field selectors on custom resources, so the bridge lists and
+watches every BundleDelivery and keeps those whose ``spec.nodeName`` is its node id. For
+each one it:
+
+- adds the finalizer ``bundles.resident.dev/lease`` before doing anything, so the object
+  is the cluster-visible lease of the revision it stages;
+- stages it (``staging.stage``) in a worker thread, reporting ``Staging`` and then
+  ``Staged`` or ``Failed`` with method, fallback reason, bytes, duration, ``verified``
+  and the revision path; a delivery whose Pod volume is not published yet stays
+  ``Pending`` and is retried at the next resync;
+- on deletion, releases the lease and removes the finalizer.
+
+A delivery already answered for its generation is left alone; one the bridge answered
+before a restart gets the same status again from the bridge database. A re-list every
+``resync_seconds`` retries what is pending and catches events missed while down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from pydantic import ValidationError
+
+from . import staging
+from .state import Delivery
+
+log = logging.getLogger("resident.bridge.deliveries")
+GROUP, VERSION, PLURAL = "resident.dev", "v1alpha1", "bundledeliveries"
+FINALIZER = "bundles.resident.dev/lease"
+
+
+class DeliveryWatcher:
+    def __init__(self, bridge, api_client, resync_seconds: float = 5.0, workers: int = 2):
+        from kubernetes import client
+        self.bridge, self.node_id = bridge, bridge.config.node_id
+        self.api = client.CustomObjectsApi(api_client)
+        self.resync_seconds = resync_seconds
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
+        self._inflight: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="deliveries", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.resync_seconds + 5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- watch loop --------------------------------------------------------------------
+    def _loop(self) -> None:
+        from kubernetes import watch
+        while not self._stop.is_set():
+            try:
+                listing = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL,
+                                                              _request_timeout=30)
+                for obj in listing.get("items", []):
+                    self.handle(obj)
+                rv = listing["metadata"].get("resourceVersion")
+                w = watch.Watch()
+                for event in w.stream(self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                                      resource_version=rv, timeout_seconds=max(1, int(self.resync_seconds)),
+                                      _request_timeout=self.resync_seconds + 10):
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.handle(event["object"])
+            except Exception as e:  # API hiccups: log, wait, re-list
+                if not self._stop.is_set():
+                    log.warning("delivery watch error", extra={"error": f"{type(e).__name__}: {e}"})
+                    self._stop.wait(1.0)
+
+    # -- one object --------------------------------------------------------------------
+    def handle(self, obj: dict) -> None:
+        spec, meta = obj.get("spec") or {}, obj.get("metadata") or {}
+        if spec.get("nodeName") != self.node_id:
+            return
+        uid, finalizers = meta["uid"], list(meta.get("finalizers") or [])
+        if meta.get("deletionTimestamp"):
+            if FINALIZER in finalizers:
+                self._release(obj)
+            return
+        if FINALIZER not in finalizers:
+            obj = self._patch_meta(obj, {"finalizers": finalizers + [FINALIZER],
+                                         "resourceVersion": meta["resourceVersion"]})
+            if obj is None:
+                return
+        gen = obj["metadata"].get("generation", 1)
+        status = obj.get("status") or {}
+        if status.get("observedGeneration") == gen and status.get("phase") in ("Staged", "Failed"):
+            return
+        rec = self.bridge.state.delivery(uid)
+        if rec and rec.generation == gen and rec.state in ("staged", "failed") and rec.status_json != "{}":
+            self._patch_status(obj, json.loads(rec.status_json))  # answered before a restart
+            return
+        with self._lock:
+            if uid in self._inflight:
+                return
+            self._inflight.add(uid)
+        self._pool.submit(self._stage, obj)
+
+    def _stage(self, obj: dict) -> None:
+        meta, uid = obj["metadata"], obj["metadata"]["uid"]
+        gen = meta.get("generation", 1)
+        t0, result = time.monotonic(), "error"
+        try:
+            try:
+                spec = staging.DeliverySpec.model_validate(obj.get("spec") or {})
+            except ValidationError as e:
+                self._fail(obj, gen, "InvalidSpec", str(e).replace("\n", "; "))
+                result = "invalid"
+                return
+            phase = (obj.get("status") or {}).get("phase")
+            if phase != "Staging":
+                self._patch_status(obj, {"phase": "Staging", "observedGeneration": gen,
+                                         "reason": "Staging", "message": "staging in progress"})
+            try:
+                status = staging.stage(self.bridge, uid, meta["namespace"], meta["name"], gen, spec)
+                result = "staged" if status["phase"] == "Staged" else "failed"
+                self._patch_status(obj, status)
+                log.info("delivery staged", extra={"delivery": f"{meta['namespace']}/{meta['name']}",
+                                                   "digest": spec.bundle.digest, "bytes": status["bytes"],
+                                                   "duration_seconds": status["durationSeconds"]})
+            except staging.NotYet as e:
+                result = "pending"
+                self._patch_status(obj, {"phase": "Pending", "observedGeneration": gen,
+                                         "reason": "VolumeNotReady", "message": str(e)})
+            except staging.StageFailed as e:
+                result = "failed"
+                self._fail(obj, gen, e.reason, e.message, spec)
+        except Exception as e:
+            log.exception("staging failed", extra={"delivery": uid})
+            self._fail(obj, gen, "InternalError", f"{type(e).__name__}: {e}")
+        finally:
+            self.bridge.metrics.stage_seconds.labels(result).observe(time.monotonic() - t0)
+            with self._lock:
+                self._inflight.discard(uid)
+
+    def _fail(self, obj: dict, gen: int, reason: str, message: str, spec=None) -> None:
+        meta = obj["metadata"]
+        status = {"phase": "Failed", "observedGeneration": gen, "reason": reason,
+                  "message": message[:2000], "verified": False}
+        if spec is not None:
+            rec = self.bridge.state.delivery(meta["uid"])
+            target = rec.target_path if rec else ""
+            self.bridge.state.put_delivery(Delivery(
+                uid=meta["uid"], namespace=meta["namespace"], name=meta["name"],
+                target_path=target, digest=spec.bundle.digest, generation=gen, state="failed",
+                status_json=json.dumps(status)))
+        self._patch_status(obj, status)
+
+    def _release(self, obj: dict) -> None:
+        meta = obj["metadata"]
+        released = staging.release(self.bridge, meta["uid"])
+        log.info("delivery released", extra={"delivery": f"{meta['namespace']}/{meta['name']}",
+                                             "phase": "released" if released else "no-lease"})
+        rest = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        self._patch_meta(obj, {"finalizers": rest, "resourceVersion": meta["resourceVersion"]})
+
+    # -- API writes --------------------------------------------------------------------
+    def _patch_meta(self, obj: dict, metadata: dict) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+        meta = obj["metadata"]
+        try:
+            return self.api.patch_namespaced_custom_object(
+                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"metadata": metadata},
+                _request_timeout=30)
+        except ApiException as e:
+            if e.status in (404, 409):
+                return None  # gone, or changed since: the next event brings the new version
+            raise
+
+    def _patch_status(self, obj: dict, status: dict) -> None:
+        from kubernetes.client.exceptions import ApiException
+        meta = obj["metadata"]
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": status},
+                _request_timeout=30)
+        except ApiException as e:
+            if e.status != 404:
+                raise

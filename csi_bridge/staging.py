@@ -1,0 +1,165 @@
+"""Live staging: put a new revision into a Pod's published volume, for a transition.
+
+A BundleDelivery asks for revision X in the live volume of Pod P by path GraphOnly or
+WholeBundle, optionally rebased on a donor (the volume's current revision by default).
+Staging, in order, each step repeatable:
+
+1. find the Pod's published volume (by Pod UID, and model when given);
+2. record the delivery ``staging`` and take its lease (holder ``delivery:<uid>``);
+3. materialize X in the store by the requested path, with the donor if the store has it
+   (the store reports the method used and any fallback, e.g. rebase refused under
+   ``minReuse`` and done as a reconstruct);
+4. hardlink X into ``<volume>/revisions/`` (whole or not at all) and move ``current``;
+5. verify: every file of X in the volume is the store's verified inode, with its size;
+6. record ``staged`` with the status to report.
+
+This module knows nothing of the Kubernetes API; :mod:`csi_bridge.deliveries` feeds it
+BundleDelivery objects and writes back the status it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bundle.errors import IntegrityMismatch, PlanError, SourceUnavailable, StoreError, StoreFull
+from bundle.manifest import MANIFEST_NAME, ManifestError, revision_dirname
+from . import faults, volumes
+from .state import Delivery, Publication
+from .status import CsiError
+
+
+class BundleSpec(BaseModel):
+    source: str
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+
+
+class DeliverySpec(BaseModel):
+    """``spec`` of a BundleDelivery (crds/bundledeliveries.resident.dev.yaml)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    node_name: str = Field(alias="nodeName", min_length=1)
+    pod_name: str = Field(alias="podName", min_length=1)
+    pod_uid: str = Field(alias="podUID", min_length=1)
+    model: str = ""
+    bundle: BundleSpec
+    path: str = Field(pattern="^(GraphOnly|WholeBundle)$")
+    donor: str = ""
+    rebase: str = Field(default="Auto", pattern="^(Auto|Never)$")
+    min_reuse: float = Field(default=0.5, alias="minReuse", ge=0, le=1)
+
+
+class NotYet(Exception):
+    """Staging cannot start yet (the Pod's volume is not published, or it is busy)."""
+
+
+class StageFailed(Exception):
+    """Staging failed for good; ``reason`` is a CamelCase word for status.reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+REASONS = ((IntegrityMismatch, "IntegrityMismatch"), (SourceUnavailable, "SourceUnavailable"),
+           (StoreFull, "StoreFull"), (PlanError, "PlanRefused"), (ManifestError, "InvalidManifest"),
+           (StoreError, "StoreError"))
+
+
+def delivery_holder(uid: str) -> str:
+    return f"delivery:{uid}"
+
+
+def find_volume(state, spec: DeliverySpec) -> Publication:
+    pubs = state.publications_of_pod(spec.pod_uid)
+    if spec.model:
+        pubs = [p for p in pubs if p.model in ("", spec.model)]
+    if not pubs:
+        raise NotYet(f"no published volume for Pod {spec.pod_name} (uid {spec.pod_uid}) on this node")
+    return sorted(pubs, key=lambda p: p.target_path)[0]
+
+
+def stage(bridge, uid: str, namespace: str, name: str, generation: int,
+          spec: DeliverySpec) -> dict:
+    """Stage ``spec`` for delivery ``uid``; return the status to report (phase Staged)."""
+    store, state = bridge.store, bridge.state
+    pub = find_volume(state, spec)
+    digest = spec.bundle.digest
+    try:
+        lock = bridge.locks.hold(f"target {pub.target_path}")
+        lock.__enter__()
+    except CsiError as e:
+        raise NotYet(e.message) from None
+    t0 = time.monotonic()
+    try:
+        state.put_delivery(Delivery(uid=uid, namespace=namespace, name=name,
+                                    target_path=pub.target_path, digest=digest,
+                                    generation=generation, state="staging"))
+        store.acquire_lease(delivery_holder(uid), digest)
+        faults.point("stage:after-lease")
+        vdir = Path(pub.volume_dir)
+        donor = spec.donor or volumes.current_digest(vdir)
+        if donor and (donor == digest or not store.has_revision(donor)):
+            donor = None
+        try:
+            source = bridge.publisher.open_source(spec.bundle.source)
+            manifest = source.fetch_manifest(digest)
+            res = store.materialize(manifest, source, donor=donor, mode=spec.path,
+                                    rebase=spec.rebase, min_reuse=spec.min_reuse)
+        except Exception as e:
+            for cls, reason in REASONS:
+                if isinstance(e, cls):
+                    raise StageFailed(reason, str(e)) from None
+            raise
+        volumes.link_revision(store, vdir, digest)
+        faults.point("stage:after-link")
+        volumes.set_current(vdir, digest)
+        verified = verify_staged(store, vdir, digest) and res.verified
+        status = {
+            "phase": "Staged" if verified else "Failed",
+            "observedGeneration": generation,
+            "method": res.method,
+            "bytes": {"fetched": res.bytes_fetched, "reused": res.bytes_reused,
+                      "written": res.bytes_written},
+            "durationSeconds": round(time.monotonic() - t0, 6),
+            "verified": verified,
+            "revisionPath": f"{volumes.REVISIONS}/{revision_dirname(digest)}",
+            "reason": "Staged" if verified else "VerificationFailed",
+            "message": f"{digest} staged into the volume of Pod {spec.pod_name} by {res.method}"
+                       + (f" ({res.fallback_reason})" if res.fallback_reason else ""),
+        }
+        if res.fallback_reason:  # the client sends "" as null, which the schema refuses
+            status["fallbackReason"] = res.fallback_reason
+        state.put_delivery(Delivery(uid=uid, namespace=namespace, name=name,
+                                    target_path=pub.target_path, digest=digest,
+                                    generation=generation,
+                                    state="staged" if verified else "failed",
+                                    status_json=json.dumps(status)))
+        return status
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def verify_staged(store, volume: Path, digest: str) -> bool:
+    """Every file of the staged revision is the store's (verified) inode with its size."""
+    staged, src = volumes.revision_dir(volume, digest), store.revision_path(digest)
+    manifest = store.manifest(digest)
+    for entry in manifest.files:
+        try:
+            a, b = os.stat(staged / entry.path), os.stat(src / entry.path)
+        except OSError:
+            return False
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) or a.st_size != entry.size:
+            return False
+    return (staged / MANIFEST_NAME).read_bytes() == manifest.canonical_json()
+
+
+def release(bridge, uid: str) -> bool:
+    """The BundleDelivery is being deleted: release its lease and forget it."""
+    released = bridge.store.release_lease(delivery_holder(uid))
+    bridge.state.delete_delivery(uid)
+    return released

@@ -1,0 +1,219 @@
+"""The bridge against a real kube-apiserver: namespace authorization from ResidentModels,
+and BundleDeliveries staged into a live, read-only published volume.
+
+There is no kubelet here, so the test plays the node's kubelet itself: it calls the
+bridge's CSI socket the way kubelet would for an inline volume of a real Pod object
+(created in the API, never scheduled: its UID is what matters to the bridge).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from kubernetes import client
+
+from bundle.manifest import MANIFEST_NAME
+from bundle.scan import read_manifest
+from csi_bridge import faults, mountinfo
+from csi_bridge.deliveries import FINALIZER
+from csi_bridge.server import Bridge, BridgeConfig
+from csi_bridge.testing import BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
+
+G, V = "resident.dev", "v1alpha1"
+WEIGHTS = os.urandom(512 * 1024)
+V1 = {"w.safetensors": WEIGHTS, "graph.onnx": b"graph-one" * 200, "config.json": b'{"v": 1}'}
+V2 = {"w.safetensors": WEIGHTS, "graph.onnx": b"graph-two" * 300, "config.json": b'{"v": 1}'}
+
+
+@pytest.fixture
+def world(cluster, namespace):
+    tmp = Path(tempfile.mkdtemp(prefix="csi-", dir="/tmp"))  # short: unix socket paths
+    api = cluster.api_client()
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    d1, d2 = make_bundle(tmp / "v1", V1), make_bundle(tmp / "v2", V2)
+    custom.create_namespaced_custom_object(G, V, namespace, "residentmodels", {
+        "apiVersion": f"{G}/{V}", "kind": "ResidentModel", "metadata": {"name": "m"},
+        "spec": {"bundle": {"source": f"file://{tmp}/v1", "digest": d1}}})
+    pod = core.create_namespaced_pod(namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="owner-0"),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")])))
+    target = tmp / "kubelet" / "pods" / pod.metadata.uid / "mount"
+    target.parent.mkdir(parents=True)
+    try:
+        yield type("World", (), dict(tmp=tmp, api=api, custom=custom, core=core, ns=namespace,
+                                     d1=d1, d2=d2, pod=pod, target=target, cluster=cluster))
+    finally:
+        cleanup_mounts(tmp)
+        assert mountinfo.mounts_under(tmp) == []
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish_req(w, ns=None, volume="csi-1", target=None):
+    return publish_request(volume, target or w.target, w.d1, f"file://{w.tmp}/v1",
+                           namespace=ns or w.ns, pod="owner-0", pod_uid=w.pod.metadata.uid, model="m")
+
+
+def delivery(w, name="d1", path="GraphOnly"):
+    return w.custom.create_namespaced_custom_object(G, V, w.ns, "bundledeliveries", {
+        "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": name},
+        "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
+                 "model": "m", "bundle": {"source": f"file://{w.tmp}/v2", "digest": w.d2},
+                 "path": path}})
+
+
+def wait_for(fn, timeout=40.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def get_delivery(w, name="d1"):
+    try:
+        return w.custom.get_namespaced_custom_object(G, V, w.ns, "bundledeliveries", name)
+    except client.exceptions.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def staged(w, name="d1"):
+    obj = get_delivery(w, name)
+    return obj if obj and (obj.get("status") or {}).get("phase") in ("Staged", "Failed") else None
+
+
+def expected_bytes(old: dict, new: dict) -> tuple[int, int]:
+    """(fetched, reused) for a graph-only delivery: unchanged files reused, the rest fetched."""
+    fetched = sum(len(v) for k, v in new.items() if old.get(k) != v)
+    return fetched, sum(len(v) for v in new.values()) - fetched
+
+
+def test_namespace_authorization_reads_resident_models(world):
+    w = world
+    other = f"t-{uuid.uuid4().hex[:10]}"
+    w.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                                 root=w.tmp / "data", authorize="api", api_client=w.api,
+                                 private_metrics=True)).start()
+    try:
+        with CsiClient(w.tmp / "csi.sock") as c:
+            # Same digest, same model name, but from another namespace: refused.
+            t2 = w.tmp / "kubelet" / "other" / "mount"
+            t2.parent.mkdir(parents=True)
+            with pytest.raises(grpc.RpcError) as e:
+                c.node.NodePublishVolume(publish_req(w, ns=other, volume="csi-x", target=t2))
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert other in e.value.details()
+            assert not t2.exists()
+            # A digest the model does not declare: refused, even in the right namespace.
+            req = publish_req(w)
+            req.volume_context["digest"] = w.d2
+            with pytest.raises(grpc.RpcError) as e:
+                c.node.NodePublishVolume(req)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            # The declared bundle in the model's own namespace: published.
+            c.node.NodePublishVolume(publish_req(w))
+            assert (w.target / "current" / "graph.onnx").read_bytes() == V1["graph.onnx"]
+    finally:
+        bridge.stop()
+        w.core.delete_namespace(other)
+
+
+def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(world):
+    w = world
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                                 root=w.tmp / "data", authorize="api", api_client=w.api,
+                                 deliveries=True, private_metrics=True)).start()
+    try:
+        with CsiClient(w.tmp / "csi.sock") as c:
+            c.node.NodePublishVolume(publish_req(w))
+        created = delivery(w)
+        obj = wait_for(lambda: staged(w), what="Staged")
+        st = obj["status"]
+        assert st["phase"] == "Staged", st
+        assert st["verified"] is True and st["observedGeneration"] == created["metadata"]["generation"]
+        assert st["method"] == "graph-only"
+        fetched, reused = expected_bytes(V1, V2)
+        assert (st["bytes"]["fetched"], st["bytes"]["reused"]) == (fetched, reused), st["bytes"]
+        assert st["bytes"]["written"] == fetched
+        assert st["revisionPath"] == "revisions/" + w.d2.replace(":", "-")
+        assert st["durationSeconds"] > 0
+        assert FINALIZER in obj["metadata"]["finalizers"]
+        # The new revision is live in the Pod's read-only mount, the old one still there.
+        assert os.readlink(w.target / "current") == st["revisionPath"]
+        for rel, data in V2.items():
+            assert (w.target / "current" / rel).read_bytes() == data
+        assert (w.target / "revisions" / w.d1.replace(":", "-") / "graph.onnx").read_bytes() == V1["graph.onnx"]
+        assert read_manifest(w.target / "current").digest == w.d2
+        assert mountinfo.mount_at(w.target).read_only
+        holders = {l.holder: l.digest for l in bridge.store.leases()}
+        assert holders[f"delivery:{created['metadata']['uid']}"] == w.d2
+
+        w.custom.delete_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1")
+        wait_for(lambda: get_delivery(w) is None, what="delivery deleted after finalizer removal")
+        holders = {l.holder for l in bridge.store.leases()}
+        assert f"delivery:{created['metadata']['uid']}" not in holders and len(holders) == 1
+        assert (w.target / "current" / "graph.onnx").read_bytes() == V2["graph.onnx"]
+    finally:
+        bridge.stop()
+
+
+def test_delivery_for_an_unpublished_pod_stays_pending(world):
+    w = world
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                                 root=w.tmp / "data", authorize="api", api_client=w.api,
+                                 deliveries=True, private_metrics=True)).start()
+    try:
+        delivery(w)
+        obj = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("phase") else None)(get_delivery(w)),
+                       what="a phase")
+        assert obj["status"]["phase"] == "Pending" and obj["status"]["reason"] == "VolumeNotReady"
+        with CsiClient(w.tmp / "csi.sock") as c:  # the volume appears: the resync stages it
+            c.node.NodePublishVolume(publish_req(w))
+        assert wait_for(lambda: staged(w), what="Staged")["status"]["phase"] == "Staged"
+        w.custom.delete_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1")
+        wait_for(lambda: get_delivery(w) is None, what="delivery deleted")
+    finally:
+        bridge.stop()
+
+
+def test_kill_mid_stage_then_restart_finishes_without_partial_tree(world):
+    w = world
+    bridge = BridgeProcess(w.tmp / "b", authorize="api",
+                           extra_args=("--deliveries", "--kubeconfig", w.cluster.kubeconfig))
+    try:
+        bridge.start(env={faults.CRASH_ENV: "stage:after-link"})
+        with CsiClient(bridge.socket) as c:
+            c.node.NodePublishVolume(publish_req(w))
+        created = delivery(w)
+        assert bridge.wait_exit(60) == faults.EXIT_CODE
+        vol = w.target
+        assert os.readlink(vol / "current") == "revisions/" + w.d1.replace(":", "-")  # not moved
+        staged_dir = vol / "revisions" / w.d2.replace(":", "-")
+        assert sorted(p.name for p in staged_dir.iterdir()) == sorted([MANIFEST_NAME, *V2])  # whole
+        db = sqlite3.connect(bridge.root / "data" / "store" / "store.db")
+        holders = dict(db.execute("SELECT holder, digest FROM leases"))
+        db.close()
+        assert holders[f"delivery:{created['metadata']['uid']}"] == w.d2  # lease kept
+
+        bridge.start()
+        obj = wait_for(lambda: staged(w), what="Staged after restart")
+        assert obj["status"]["phase"] == "Staged" and obj["status"]["verified"] is True
+        assert os.readlink(vol / "current") == "revisions/" + w.d2.replace(":", "-")
+        assert (vol / "current" / "graph.onnx").read_bytes() == V2["graph.onnx"]
+        assert len(mountinfo.mounts_under(w.target)) == 1
+        w.custom.delete_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1")
+        wait_for(lambda: get_delivery(w) is None, what="delivery deleted")
+    finally:
+        bridge.stop()
