@@ -1,0 +1,209 @@
+"""Images for the local cluster, with no registry: built here, cached by content, imported.
+
+Two images, each an OCI image-layout tarball (:mod:`localcluster.oci_layout`) that
+:meth:`localcluster.node.LocalCluster.import_image` hands to ``ctr images import``:
+
+- **pause** (``resident.local/pause:<hash>``): the Pod sandbox. One layer with Debian's
+  ``busybox-static`` and a shell loop that exits on TERM. Keyed by the busybox binary.
+- **project** (``resident.local/resident:<hash>``): operator, bridge and owner in one
+  image, run as ``resident <command>``. Two layers: a Debian base with Python and the
+  PyPI dependencies (:mod:`localcluster.rootfs`, keyed by the Debian package list, the
+  dpkg filters and the dependency list), and the project's wheel
+  (:mod:`localcluster.wheel_layer`, keyed by the tree digest). A changed tree rebuilds
+  only the small second layer; an unchanged tree rebuilds nothing.
+
+Everything lives under ``<cache>/images`` (``/var/cache/resident/images``), written to
+temporary names and renamed into place, and built under a file lock so two test sessions
+on one machine do not build the same thing twice. ``python -m localcluster.images --help``
+builds them from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import logging
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from .binaries import apt_install, cache_root
+from .oci_layout import ContainerConfig, Layer, pack_layer, write_image_layout
+from .rootfs import DEBIAN_PACKAGES, DPKG_OPTIONS, MIRROR, SUITE, VENV, build_rootfs_tar, python_requirements
+from .wheel_layer import build_wheel, project_files, tree_digest, wheel_layer_tar
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = "2"          # bump when the way images are built changes
+BUSYBOX = Path("/bin/busybox")
+BUSYBOX_APPLETS = ("sh", "sleep", "cat", "ls", "echo", "true", "false", "env", "id", "ps", "kill", "mount", "test")
+PAUSE_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
+IMAGE_PACKAGES = ("mmdebstrap", "busybox-static", "git")
+KEEP_PROJECT_IMAGES = 3
+PROJECT_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def images_dir() -> Path:
+    return cache_root() / "images"
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _build_lock(cache: Path):
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+# -- pause -----------------------------------------------------------------------------
+def pause_image(cache: Path | None = None) -> tuple[str, Path]:
+    """The sandbox image: (name, layout tarball). Built once per busybox binary."""
+    cache = cache or images_dir()
+    apt_install(("busybox-static",))
+    key = _key(RECIPE, hashlib.sha256(BUSYBOX.read_bytes()).hexdigest(), BUSYBOX_APPLETS, PAUSE_COMMAND)
+    name, out = f"resident.local/pause:{key}", cache / f"pause-{key}.oci.tar"
+    if out.exists():
+        return name, out
+    with _build_lock(cache), tempfile.TemporaryDirectory(prefix="resident-pause-", dir=cache) as tmp:
+        if out.exists():
+            return name, out
+        layer_tar = Path(tmp) / "layer.tar"
+        with tarfile.open(layer_tar, "w", format=tarfile.PAX_FORMAT) as tar:
+            for directory in ("bin", "dev", "etc", "proc", "sys", "tmp"):
+                info = tarfile.TarInfo(directory)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755, 0
+                tar.addfile(info)
+            info = tar.gettarinfo(str(BUSYBOX), "bin/busybox")
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mtime = 0
+            with open(BUSYBOX, "rb") as f:
+                tar.addfile(info, f)
+            for applet in BUSYBOX_APPLETS:
+                link = tarfile.TarInfo(f"bin/{applet}")
+                link.type, link.linkname, link.mode, link.mtime = tarfile.SYMTYPE, "busybox", 0o777, 0
+                tar.addfile(link)
+        layer = pack_layer(layer_tar, Path(tmp) / "layer.tar.gz")
+        write_image_layout(out, name, [layer], ContainerConfig(env=["PATH=/bin"], entrypoint=PAUSE_COMMAND))
+    log.info("built pause image", extra={"image": name, "tarball": str(out)})
+    return name, out
+
+
+# -- project ---------------------------------------------------------------------------
+def _pip() -> Path:
+    return Path(sys.executable).with_name("pip")
+
+
+def base_key(repo: Path = REPO) -> str:
+    requirements = python_requirements(repo / "pyproject.toml")
+    return _key(RECIPE, SUITE, MIRROR, DEBIAN_PACKAGES, DPKG_OPTIONS, requirements, sys.version_info[:2])
+
+
+def _base_layer(repo: Path, cache: Path) -> tuple[Layer, dict]:
+    key = base_key(repo)
+    meta = cache / f"base-{key}.json"
+    if meta.exists():
+        doc = json.loads(meta.read_text())
+        return Layer.from_json(doc["layer"]), doc["facts"]
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="resident-base-", dir=cache) as tmp:
+        rootfs_tar = Path(tmp) / "rootfs.tar"
+        facts = build_rootfs_tar(rootfs_tar, python_requirements(repo / "pyproject.toml"), _pip())
+        layer = pack_layer(rootfs_tar, cache / f"base-{key}.tar.gz")
+    tmp_meta = meta.with_suffix(".json.partial")
+    tmp_meta.write_text(json.dumps({"layer": layer.to_json(), "facts": facts}, indent=1))
+    tmp_meta.rename(meta)
+    log.info("built base layer", extra={"key": key, "bytes": layer.size, "seconds": round(time.monotonic() - began, 1)})
+    return layer, facts
+
+
+def _prune(cache: Path, keep: set[str]) -> None:
+    """Keep the newest project images (and their layers); delete older ones."""
+    layouts = sorted(cache.glob("resident-*.oci.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in layouts[KEEP_PROJECT_IMAGES:]:
+        key = old.name[len("resident-"):-len(".oci.tar")]
+        if key in keep:
+            continue
+        for path in (old, cache / f"app-{key}.tar.gz"):
+            path.unlink(missing_ok=True)
+
+
+def project_key(repo: Path = REPO) -> str:
+    """The image's content hash: the base layer's key and the project tree's digest."""
+    return _key(RECIPE, base_key(repo), tree_digest(repo, project_files(repo)))
+
+
+def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Path]:
+    """The project image: (name, layout tarball). Rebuilt only when the tree changed."""
+    cache = cache or images_dir()
+    key = project_key(repo)
+    name, out = f"resident.local/resident:{key}", cache / f"resident-{key}.oci.tar"
+    if out.exists():
+        return name, out
+    apt_install(IMAGE_PACKAGES)
+    with _build_lock(cache):
+        if out.exists():
+            return name, out
+        began = time.monotonic()
+        files = project_files(repo)
+        base, facts = _base_layer(repo, cache)
+        with tempfile.TemporaryDirectory(prefix="resident-app-", dir=cache) as tmp:
+            wheel = build_wheel(repo, files, Path(tmp) / "wheel", _pip())
+            app_tar = Path(tmp) / "app.tar"
+            scripts = wheel_layer_tar(wheel, VENV, facts["purelib"], app_tar)
+            if "resident" not in scripts:
+                raise RuntimeError(f"the project wheel {wheel.name} has no 'resident' console script ({scripts})")
+            app = pack_layer(app_tar, cache / f"app-{key}.tar.gz")
+        config = ContainerConfig(env=[f"PATH={PROJECT_PATH}", "PYTHONUNBUFFERED=1"], cmd=["resident", "--help"])
+        write_image_layout(out, name, [base, app], config)
+        _prune(cache, keep={key})
+    log.info("built project image", extra={"image": name, "seconds": round(time.monotonic() - began, 1)})
+    return name, out
+
+
+def clear_cache(cache: Path | None = None) -> None:
+    """Delete every cached image and layer (the next build starts from Debian)."""
+    cache = cache or images_dir()
+    with _build_lock(cache):
+        for path in cache.iterdir():
+            if path.name != ".build.lock":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m localcluster.images", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clear", action="store_true", help="delete the image cache first (forces a cold build)")
+    parser.add_argument("--only", choices=("pause", "project"), help="build just one of the two images")
+    args = parser.parse_args(argv)
+    from bundle.jsonlog import configure
+    from tqdm import tqdm
+
+    configure(logging.INFO)
+    if args.clear:
+        clear_cache()
+    steps = [s for s in (("pause", pause_image), ("project", project_image)) if args.only in (None, s[0])]
+    report = {}
+    for label, build in tqdm(steps, desc="images", unit="image"):
+        began = time.monotonic()
+        name, path = build()
+        report[label] = {"image": name, "tarball": str(path), "bytes": path.stat().st_size,
+                         "seconds": round(time.monotonic() - began, 2)}
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
