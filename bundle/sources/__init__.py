@@ -20,11 +20,11 @@ from ..manifest import ManifestError
 from .file import FileSource, push_dir
 from .http import HttpSource, push_http
 from .oci import OciSource, push_oci
-from .publish import Progress, TargetConflict
+from .publish import Progress, TargetConflict, open_bundle
 from .ranged import RetryPolicy
 from .source import Source, fetch_verified, verify_manifest
 
-__all__ = ["Source", "open_source", "push", "fetch_verified", "verify_manifest", "RetryPolicy",
+__all__ = ["Source", "open_source", "push", "push_size", "fetch_verified", "verify_manifest", "RetryPolicy",
            "TargetConflict", "FileSource", "HttpSource", "OciSource", "SCHEMES"]
 
 SCHEMES = ("file", "http", "https", "oci", "oci+http", "oci+https")
@@ -62,3 +62,11 @@ def push(bundle_dir, target: str, progress: Progress | None = None,
     if scheme in ("http", "https"):
         return push_http(bundle_dir, target, progress, policy)
     return push_oci(bundle_dir, target, progress, policy)
+
+
+def push_size(bundle_dir, target: str) -> int:
+    """The bytes ``push(bundle_dir, target)`` reports through ``progress``: a bar's total."""
+    bundle = open_bundle(bundle_dir)
+    if _scheme(target) == "file":
+        return bundle.manifest.total_bytes
+    return sum(f.size for f in bundle.unique_files())

@@ -11,7 +11,7 @@ import pytest
 from bundle.errors import IntegrityMismatch, SourceUnavailable
 from bundle.manifest import MANIFEST_NAME, ManifestError, chunk_range
 from bundle.scan import build_manifest, write_manifest
-from bundle.sources import TargetConflict, fetch_verified, open_source, push
+from bundle.sources import TargetConflict, fetch_verified, open_source, push, push_size
 
 CHUNK = 8192
 
@@ -97,7 +97,7 @@ def test_push_copies_the_bundle_and_is_idempotent(bundle_dir, tmp_path):
     assert digest == digest_of(bundle_dir) == digest_of(target)
     src = open_source(f"file://{target}")
     m = src.fetch_manifest(digest)
-    assert sum(seen) == m.total_bytes
+    assert sum(seen) == m.total_bytes == push_size(bundle_dir, f"file://{target}")
     for f in m.files:
         assert (target / f.path).read_bytes() == (bundle_dir / f.path).read_bytes()
     assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]  # no staging left

@@ -18,7 +18,7 @@ import requests
 from bundle.errors import IntegrityMismatch, SourceUnavailable
 from bundle.manifest import MANIFEST_NAME, ManifestError, chunk_range
 from bundle.scan import build_manifest, write_manifest
-from bundle.sources import RetryPolicy, fetch_verified, open_source, push
+from bundle.sources import RetryPolicy, fetch_verified, open_source, push, push_size
 from bundle.sources.httpserve import BundleRequestHandler, BundleServer
 
 CHUNK = 8192
@@ -112,6 +112,7 @@ def test_push_then_read_every_file_and_chunk(server, bundle_dir):
     with open_source(uri, FAST) as src:
         m = src.fetch_manifest(digest)
         assert sum(seen) == sum(f.size for f in {f.sha256: f for f in m.files}.values())
+        assert sum(seen) == push_size(bundle_dir, uri)
         for f in m.files:
             assert fetch_verified(src, f, 0, f.size, f.sha256) == (bundle_dir / f.path).read_bytes()
         big = m.by_path()["model.safetensors"]

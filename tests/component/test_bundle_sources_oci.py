@@ -19,7 +19,7 @@ import requests
 from bundle.errors import IntegrityMismatch, SourceUnavailable
 from bundle.manifest import MANIFEST_NAME, ManifestError, chunk_range
 from bundle.scan import build_manifest, write_manifest
-from bundle.sources import RetryPolicy, fetch_verified, open_source, push
+from bundle.sources import RetryPolicy, fetch_verified, open_source, push, push_size
 from bundle.sources.oci import CONFIG_TYPE, LAYER_TYPE, TITLE, push_oci
 from bundle.sources.oci_registry import OCI_MANIFEST, Reference, Registry
 from localcluster.binaries import apt_install
@@ -100,6 +100,7 @@ def test_push_with_chunked_upload_then_read_everything(repo, bundle_dir):
     with open_source(repo, FAST) as src:
         m = src.fetch_manifest(digest)
         assert sum(seen) == sum(f.size for f in {f.sha256: f for f in m.files}.values())
+        assert sum(seen) == push_size(bundle_dir, repo)
         for f in m.files:
             assert fetch_verified(src, f, 0, f.size, f.sha256) == (bundle_dir / f.path).read_bytes()
         big = m.by_path()["model.safetensors"]
