@@ -1,0 +1,93 @@
+"""Live staging into a published volume without an API server: the staging step the
+BundleDelivery watch runs, driven directly (real store, real mounts, real SQLite)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from csi_bridge import mountinfo, staging
+from csi_bridge.proto import csi_pb2
+from csi_bridge.server import Bridge, BridgeConfig
+from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, publish_request
+
+CHUNK = 64 * 1024
+W1 = os.urandom(8 * CHUNK)
+W2 = W1[:6 * CHUNK] + os.urandom(2 * CHUNK)  # last quarter of the weights changed
+V1 = {"w.safetensors": W1, "graph.onnx": b"one" * 100, "config.json": b"{}"}
+V2 = {"w.safetensors": W2, "graph.onnx": b"two" * 100, "config.json": b"{}"}
+
+
+@pytest.fixture
+def env(tmp_path):
+    d1, d2 = make_bundle(tmp_path / "v1", V1, CHUNK), make_bundle(tmp_path / "v2", V2, CHUNK)
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-a",
+                                 root=tmp_path / "data", authorize="allow-any",
+                                 private_metrics=True)).start()
+    target = tmp_path / "pod" / "mount"
+    target.parent.mkdir()
+    try:
+        with CsiClient(tmp_path / "csi.sock") as c:
+            c.node.NodePublishVolume(publish_request("csi-1", target, d1, f"file://{tmp_path}/v1",
+                                                     pod_uid="uid-1", model="m"))
+        yield type("Env", (), dict(tmp=tmp_path, d1=d1, d2=d2, bridge=bridge, target=target))
+    finally:
+        bridge.stop()
+        cleanup_mounts(tmp_path)
+
+
+def spec(env, **kw):
+    doc = {"nodeName": "node-a", "podName": "owner-0", "podUID": "uid-1", "model": "m",
+           "bundle": {"source": f"file://{env.tmp}/v2", "digest": env.d2}, "path": "WholeBundle", **kw}
+    return staging.DeliverySpec.model_validate(doc)
+
+
+def test_whole_bundle_rebases_on_the_current_revision(env):
+    st = staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env))
+    assert st["phase"] == "Staged" and st["verified"] and st["method"] == "rebase"
+    changed = 2 * CHUNK + len(V2["graph.onnx"])
+    assert st["bytes"]["fetched"] == changed
+    assert st["bytes"]["reused"] == sum(map(len, V2.values())) - changed
+    assert (env.target / "current" / "w.safetensors").read_bytes() == W2
+    assert mountinfo.mount_at(env.target).read_only
+    # Staging the same delivery again is a no-op that still reports Staged.
+    again = staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env))
+    assert again["phase"] == "Staged" and again["bytes"]["fetched"] == 0
+
+
+def test_rebase_under_min_reuse_falls_back_to_reconstruct_and_says_so(env):
+    st = staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env, minReuse=0.99))
+    assert st["phase"] == "Staged" and st["method"] == "reconstruct"
+    assert st.get("fallbackReason")
+    assert (env.target / "current" / "w.safetensors").read_bytes() == W2
+
+
+def test_staging_for_an_unknown_pod_is_not_yet(env):
+    with pytest.raises(staging.NotYet):
+        staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env, podUID="someone-else"))
+    assert not any(l.holder == "delivery:uid-d" for l in env.bridge.store.leases())
+
+
+def test_corrupt_source_fails_and_keeps_the_volume_as_it_was(env):
+    bad = env.tmp / "bad"
+    d3 = make_bundle(bad, {**V1, "graph.onnx": b"three" * 100}, CHUNK)
+    (bad / "graph.onnx").write_bytes(b"tampered" * 10)
+    s = spec(env, bundle={"source": f"file://{bad}", "digest": d3})
+    with pytest.raises(staging.StageFailed) as e:
+        staging.stage(env.bridge, "uid-d", "ns", "d", 1, s)
+    assert e.value.reason == "IntegrityMismatch"
+    assert os.readlink(env.target / "current") == "revisions/" + env.d1.replace(":", "-")
+    assert sorted(os.listdir(env.target / "revisions")) == [env.d1.replace(":", "-")]
+    # The delivery's lease is kept until its object is deleted, never dropped on error.
+    assert any(l.holder == "delivery:uid-d" for l in env.bridge.store.leases())
+    assert staging.release(env.bridge, "uid-d") is True
+
+
+def test_unpublish_while_staged_keeps_the_delivery_lease(env):
+    staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env))
+    with CsiClient(env.tmp / "csi.sock") as c:
+        c.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
+            volume_id="csi-1", target_path=str(env.target)))
+    holders = {l.holder: l.digest for l in env.bridge.store.leases()}
+    assert holders == {"delivery:uid-d": env.d2}  # exactly the volume's lease was released
