@@ -55,7 +55,7 @@ CASES = {
     "no volume_capability": (lambda e: good(e, clear="volume_capability"), "volume_capability is required"),
     "relative target": (lambda e: good(e, target_path="rel/mount"), "absolute"),
     "unnormalized target": (lambda e: good(e, target_path="/a/../b"), "normalized"),
-    "slash in volume_id": (lambda e: good(e, volume_id="a/b"), "volume_id"),
+    "NUL in volume_id": (lambda e: good(e, volume_id="a\x00b"), "volume_id"),
     "writable": (lambda e: good(e, readonly=False), "read-only"),
     "no digest": (lambda e: good(e, context={"source": e.source}), "digest is required"),
     "bad digest": (lambda e: good(e, context=ctx(e, digest="sha256:XYZ")), "not sha256"),
@@ -118,6 +118,13 @@ def test_stats_argument_errors(env, field, req):
     with pytest.raises(grpc.RpcError) as e:
         env.node.NodeGetVolumeStats(req)
     assert e.value.code() == INVALID and f"{field} is required" in e.value.details()
+
+
+def test_stats_of_an_unknown_volume_or_relative_path_is_not_found(env):
+    for vid, path in (("id", "some/path"), ("id", "/nowhere")):
+        with pytest.raises(grpc.RpcError) as e:
+            env.node.NodeGetVolumeStats(csi_pb2.NodeGetVolumeStatsRequest(volume_id=vid, volume_path=path))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_unoffered_rpcs_are_unimplemented(env):
