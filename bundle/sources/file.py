@@ -78,6 +78,9 @@ class FileSource(Source):
 
     def read(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
         check_range(entry, offset, length)
+        return self._blocks(entry, offset, length)
+
+    def _blocks(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
         if length == 0:
             return
         with self._open(entry) as f:

@@ -82,6 +82,7 @@ class RangedReader:
         """
         pos, end, failures = offset, offset + length, 0
         while pos < end:
+            attempt_start = pos
             try:
                 with self.session.get(url, headers={"Range": f"bytes={pos}-{end - 1}"},
                                       stream=True, timeout=self.policy.timeout) as resp:
@@ -94,7 +95,6 @@ class RangedReader:
                         if not block:
                             continue
                         pos += len(block)
-                        failures = 0
                         FETCHED_BYTES.labels(self.scheme).inc(len(block))
                         yield block
                         if pos >= end:
@@ -102,6 +102,12 @@ class RangedReader:
                     if pos < end:
                         raise _Retry("response ended early")
             except (_Retry, *RETRYABLE) as e:
+                if pos > attempt_start:  # it was delivering: ask again at once
+                    failures = 0
+                    RETRIES.labels(self.scheme).inc()
+                    log.info("source read resumed", extra={"url": url, "offset": pos,
+                                                           "cause": _describe(e)})
+                    continue
                 failures += 1
                 self._give_up_or_wait(failures, url, e, f"{pos - offset} of {length} bytes received")
 
