@@ -10,6 +10,7 @@ compiled variant's arena, so a request never allocates it.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -18,16 +19,22 @@ import numpy as np
 from .graph import CompiledGraph, Variant
 
 
+if sys.byteorder != "little":  # the half-word views below assume little-endian floats
+    raise ImportError("the cpu backend needs a little-endian machine")
+
+
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """Widen BF16 bit patterns (uint16) to float32, exactly."""
+    """Widen BF16 bit patterns (uint16) to float32, exactly: they become the high half-words."""
     out = np.empty(bits.shape, dtype=np.float32)
-    out.view(np.uint32)[...] = bits.astype(np.uint32) << np.uint32(16)
+    halves = out.view(np.uint16)
+    halves[..., 0::2] = 0
+    halves[..., 1::2] = bits
     return out
 
 
 def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """Narrow float32 values that came from BF16 back to their bit patterns, exactly."""
-    return (np.ascontiguousarray(values).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    return np.ascontiguousarray(values, dtype=np.float32).view(np.uint16)[..., 1::2].copy()
 
 
 def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> np.ndarray:

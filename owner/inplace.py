@@ -9,9 +9,9 @@ with unchanged header (so unchanged shape, dtype and offsets) may differ; anythi
 is "needs reload" too, decided before a single live byte changes.
 
 Applying happens under the owner's inference lock: the rows about to be replaced are
-journaled, the new rows written, then read back from the live weights and verified two
-ways (each staged row block's sha256, and every changed chunk rebuilt from live memory
-against the target manifest's chunk digest). A failed verification restores the journal
+journaled, the new rows written, then read back from the live weights and verified
+against each staged row block's sha256 (optionally also every changed chunk, rebuilt
+from live memory, against the target manifest's chunk digest). A failed verification restores the journal
 (:class:`VerifyFailed`); a restore that fails or does not verify is
 :class:`RestoreFailed` (the owner must unload); a failure to release staged memory is
 :class:`ReleaseFailed` (the owner is quarantined).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -97,8 +98,9 @@ class TensorPatch:
 class StagedUpdate:
     target: Revision
     patches: list[TensorPatch]
-    checks: list[RangeCheck]
+    checks: list[RangeCheck]  # changed chunks as the target manifest has them
     bytes_read: int
+    baseline: list[RangeCheck] = field(default_factory=list)  # the same chunks before the update
 
     @property
     def rows_changed(self) -> int:
@@ -149,26 +151,51 @@ def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout])
 
 def _stage_tensor(store: RowStore, slot, a: int, b: int, new: bytes,
                   pending: dict[str, dict[int, np.ndarray]]) -> None:
-    old = store.tensor_bytes(slot.name, a - slot.start, b - slot.start)
-    if old == new:
-        return
-    if not is_admissible(slot.name) or slot.dtype != "BF16" or len(slot.shape) != 2:
-        raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place "
-                          "(only BF16 rows of projection and LM-head tensors are)")
+    """Record the rows of ``slot`` whose bytes in file range a..b differ from the live ones."""
     rb = slot.row_bytes
     r0, r1 = (a - slot.start) // rb, -(-(b - slot.start) // rb)
     rows = np.arange(r0, r1)
-    live = store.read_rows(slot.name, rows)
-    block = live.copy()
-    mine = pending.setdefault(slot.name, {})
-    for j, r in enumerate(rows):
-        if int(r) in mine:
-            block[j] = mine[int(r)]
-    flat = block.view(np.uint8).reshape(-1)
+    live = store.read_rows(slot.name, rows) if len(slot.shape) == 2 else None
+    if live is None:
+        old = store.tensor_bytes(slot.name, a - slot.start, b - slot.start)
+        if old != new:
+            raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place")
+        return
     start = (a - slot.start) - r0 * rb
-    flat[start:start + (b - a)] = np.frombuffer(new, dtype=np.uint8)
-    for j in np.nonzero((block != live).any(axis=1))[0]:
-        mine[int(rows[j])] = block[j].copy()
+    old = live.view(np.uint8).reshape(-1)[start:start + (b - a)]
+    incoming = np.frombuffer(new, dtype=np.uint8)
+    differ = np.nonzero(old != incoming)[0]
+    if differ.size == 0:
+        return
+    if not is_admissible(slot.name) or slot.dtype != "BF16":
+        raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place "
+                          "(only BF16 rows of projection and LM-head tensors are)")
+    mine = pending.setdefault(slot.name, {})
+    for j in np.unique((differ + start) // rb):
+        row = int(rows[j])
+        value = mine.get(row, live[j]).copy()
+        lo, hi = max(start, j * rb), min(start + (b - a), (j + 1) * rb)  # this row's bytes in range
+        value.view(np.uint8)[lo - j * rb:hi - j * rb] = incoming[lo - start:hi - start]
+        mine[row] = value
+    # a row split across two chunks: the part in an unchanged range keeps its live bytes
+
+
+def _read_ranges(target: Revision, ranges: list[ChangedRange], ahead: int = 4):
+    """Yield the changed chunks, hash-checked, reading and hashing up to ``ahead`` at once on
+    two threads (hashlib releases the GIL) so admission can stop early without reading all."""
+    entries = target.manifest.by_path()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = []
+        for i in range(len(ranges)):
+            while len(futures) < ahead and i + len(futures) < len(ranges):
+                r = ranges[i + len(futures)]
+                futures.append(pool.submit(read_range_verified, target, entries[r.path], r.index))
+            try:
+                yield futures.pop(0).result()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
 
 
 def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
@@ -176,15 +203,19 @@ def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
     layouts = store.layouts()
     ranges = plan_ranges(current, target.manifest, layouts)
     pending: dict[str, dict[int, np.ndarray]] = {}
-    checks, total = [], 0
+    checks, baseline, total = [], [], 0
     entries = target.manifest.by_path()
-    for rng in ranges:
+    for rng, data in zip(ranges, _read_ranges(target, ranges)):
         entry, layout = entries[rng.path], layouts[rng.path]
-        data = read_range_verified(target, entry, rng.index)
         off = rng.index * target.manifest.chunk_size if entry.chunks else 0
         end = off + len(data)
         total += len(data)
-        checks.append(RangeCheck(rng.path, off, len(data), hashlib.sha256(data).hexdigest()))
+        digest = entry.chunks[rng.index] if entry.chunks else entry.sha256  # just verified equal
+        checks.append(RangeCheck(rng.path, off, len(data), digest))
+        before = current.by_path()[rng.path]
+        if current.chunk_size == target.manifest.chunk_size and bool(before.chunks) == bool(entry.chunks):
+            old_digest = before.chunks[rng.index] if before.chunks else before.sha256
+            baseline.append(RangeCheck(rng.path, off, len(data), old_digest))
         if off < layout.data_start:
             n = min(end, layout.data_start) - off
             if data[:n] != layout.header[off:off + n]:
@@ -196,7 +227,7 @@ def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
     for name, rows in sorted(pending.items()):
         order = sorted(rows)
         patches.append(TensorPatch(name, np.asarray(order, dtype=np.int64), np.stack([rows[r] for r in order])))
-    return StagedUpdate(target, patches, checks, total)
+    return StagedUpdate(target, patches, checks, total, baseline)
 
 
 def rebuild_range(store: RowStore, layout: Layout, offset: int, length: int) -> bytes:
@@ -211,28 +242,41 @@ def rebuild_range(store: RowStore, layout: Layout, offset: int, length: int) -> 
     return b"".join(parts)
 
 
-def _verify(store: RowStore, update: StagedUpdate) -> str | None:
-    for p in update.patches:
-        if hashlib.sha256(store.read_rows(p.name, p.rows).tobytes()).hexdigest() != p.sha256:
-            return f"tensor {p.name}: rows read back do not match the staged rows"
+def _chunks_match(store: RowStore, checks: list[RangeCheck]) -> str | None:
     layouts = store.layouts()
-    for c in update.checks:
+    for c in checks:
         live = rebuild_range(store, layouts[c.path], c.offset, c.length)
         if hashlib.sha256(live).hexdigest() != c.sha256:
             return f"{c.path}: bytes {c.offset}..{c.offset + c.length} rebuilt from live weights do not match"
     return None
 
 
-def _restore(store: RowStore, journal: _Journal) -> None:
+def _verify(store: RowStore, update: StagedUpdate, chunks: bool) -> str | None:
+    for p in update.patches:
+        if hashlib.sha256(store.read_rows(p.name, p.rows).tobytes()).hexdigest() != p.sha256:
+            return f"tensor {p.name}: rows read back do not match the staged rows"
+    return _chunks_match(store, update.checks) if chunks else None
+
+
+def _restore(store: RowStore, journal: _Journal, update: StagedUpdate, chunks: bool) -> None:
     for name, rows, old, sha in reversed(journal.entries):
         store.write_rows(name, rows, old)
     for name, rows, old, sha in journal.entries:
         if hashlib.sha256(store.read_rows(name, rows).tobytes()).hexdigest() != sha:
             raise RestoreFailed(f"tensor {name}: restored rows do not match the journal")
+    problem = _chunks_match(store, update.baseline) if chunks else None
+    if problem:  # e.g. a stray write outside the journaled rows
+        raise RestoreFailed(f"after restoring the journal: {problem}")
 
 
-def apply(store: RowStore, update: StagedUpdate) -> ApplyReport:
-    """Journal, write and verify; call with inference excluded. See the module docstring."""
+def apply(store: RowStore, update: StagedUpdate, verify_chunks: bool = False) -> ApplyReport:
+    """Journal, write and verify; call with inference excluded. See the module docstring.
+
+    Verification always compares each tensor's rows read back from live memory with the
+    sha256 of the staged rows. ``verify_chunks`` also rebuilds every changed chunk from
+    live memory and checks it against the target manifest, which catches stray writes
+    outside the patched rows (within those chunks) at the cost of hashing whole chunks.
+    """
     t0 = time.perf_counter()
     rows = update.rows_changed
     journal = _Journal()
@@ -247,11 +291,11 @@ def apply(store: RowStore, update: StagedUpdate) -> ApplyReport:
         t1 = time.perf_counter()
     else:
         t1 = time.perf_counter()
-        problem = _verify(store, update)
+        problem = _verify(store, update, verify_chunks)
     t2 = time.perf_counter()
     if problem is not None:
         try:
-            _restore(store, journal)
+            _restore(store, journal, update, verify_chunks)
         except RestoreFailed:
             raise
         except Exception as e:  # noqa: BLE001 - any failure to restore means unload

@@ -29,7 +29,8 @@ from .base import BackendError, Description, LoadReport, Output
 class CpuBackend:
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, verify_chunks: bool = False) -> None:
+        self.verify_chunks = verify_chunks
         self.revision: Revision | None = None
         self.graph: CompiledGraph | None = None
         self.weights: dict[str, np.ndarray] = {}
@@ -118,7 +119,7 @@ class CpuBackend:
 
     def apply_in_place(self, update: StagedUpdate) -> ApplyReport:
         try:
-            report = inplace.apply(self, update)
+            report = inplace.apply(self, update, self.verify_chunks)
         except ReleaseFailed as e:
             if e.applied:
                 self.revision = update.target

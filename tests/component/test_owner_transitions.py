@@ -52,6 +52,29 @@ class FaultyRestoreCpuBackend(FaultyWriteCpuBackend):
         super().write_rows(name, rows, values)
 
 
+class FaultyStrayWriteCpuBackend(CpuBackend):
+    """Test-only: with chunk verification on, the first write also flips a bit in a
+    neighbouring row that is not part of the update (inside a chunk the update touches)."""
+
+    def apply_in_place(self, update):
+        self.update, self.strays = update, 0
+        return super().apply_in_place(update)
+
+    def write_rows(self, name, rows, values):
+        super().write_rows(name, rows, values)
+        if self.strays:
+            return
+        self.strays += 1
+        slot = self.layouts()["model.safetensors"].by_name()[name]
+        for row in (int(rows.min()) - 1, int(rows.max()) + 1):
+            a = slot.start + row * slot.row_bytes
+            inside = any(c.offset <= a and a + slot.row_bytes <= c.offset + c.length for c in self.update.checks)
+            if 0 <= row < slot.rows and row not in set(rows.tolist()) and inside:
+                self.weights[name][row, 0] = -self.weights[name][row, 0] or 1.0
+                return
+        raise AssertionError("no neighbouring row inside a changed chunk")
+
+
 class FaultyReleaseCpuBackend(CpuBackend):
     """Test-only: the update applies and verifies, but releasing staged memory fails."""
 
@@ -223,6 +246,25 @@ def test_restore_failure_unloads_and_refuses_inference(volume):
         assert r.status_code == 503 and "unloaded" in r.json()["error"]
         assert c.get("/readyz", auth=False).status_code == 503
         assert c.post("/v1/transitions", {"target": d["base"], "path": "WholeBundle"}).status_code == 409
+
+
+def test_chunk_verification_catches_a_stray_write_and_unloads_when_restore_cannot_fix_it(volume):
+    vol, d = volume
+    with serving(vol, FaultyStrayWriteCpuBackend(verify_chunks=True)) as c:
+        st = c.transition(d["rows2"])
+        assert st["result"] == "failed" and "unloaded" in st["reason"]
+        assert "rebuilt from live weights do not match" in st["reason"]
+        assert c.get("/v1/identity").json()["state"] == "unloaded"
+        assert c.generate().status_code == 503
+
+
+def test_chunk_verification_passes_a_clean_update(volume, reference):
+    vol, d = volume
+    with serving(vol, CpuBackend(verify_chunks=True)) as c:
+        for target in ("rows", "rows2", "base"):
+            st = c.transition(d[target])
+            assert st["result"] == "succeeded" and st["strategy"] == "InPlace"
+            assert c.generate().json()["tokens"] == reference[d[target]]
 
 
 def test_release_failure_quarantines_and_blocks_transitions(volume, reference):
