@@ -18,7 +18,6 @@ every blob it names.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Iterator
 from urllib.parse import urlsplit
 
@@ -26,8 +25,7 @@ import requests
 
 from ..errors import SourceUnavailable
 from ..manifest import MAX_MANIFEST_BYTES, FileEntry, ManifestError
-from .metrics import PUSHED_BYTES
-from .publish import FileBody, Progress, check_sent, open_bundle
+from .publish import Progress, open_bundle, send_contents
 from .ranged import RETRYABLE, RangedReader, RetryPolicy
 from .source import Source, check_range
 
@@ -76,21 +74,9 @@ def push_http(bundle_dir, uri: str, progress: Progress | None = None,
     base = base_from_uri(uri)
     policy = policy or RetryPolicy()
     with requests.Session() as session:
-        for entry in bundle.unique_files():
-            url = blob_url(base, entry.sha256)
-            if _holds(session, url, entry.size, policy):
-                if progress:
-                    progress(entry.size)
-                continue
-            with FileBody(bundle.path_of(entry), 0, entry.size, hashlib.sha256(), progress) as body:
-                try:
-                    _put(session, url, body, policy)
-                except SourceUnavailable:
-                    if body.done:  # the server refused the bytes: say so if they changed here
-                        check_sent(entry, body.hasher, uri)
-                    raise
-            check_sent(entry, body.hasher, uri)
-            PUSHED_BYTES.labels("http").inc(entry.size)
+        send_contents(bundle, uri, "http", progress,
+                      lambda e: _holds(session, blob_url(base, e.sha256), e.size, policy),
+                      lambda e, parts: _put(session, blob_url(base, e.sha256), parts[0], policy))
         _put(session, manifest_url(base, bundle.digest), bundle.manifest_bytes, policy)
     return bundle.digest
 

@@ -19,7 +19,6 @@ bundle digest a tag points at. A push without a tag uses ``sha256-<hex>`` of the
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Iterator
 
@@ -27,9 +26,8 @@ import requests
 
 from ..errors import SourceUnavailable
 from ..manifest import MAX_MANIFEST_BYTES, FileEntry, check_digest
-from .metrics import PUSHED_BYTES
 from .oci_registry import OCI_MANIFEST, Reference, Registry
-from .publish import FileBody, LocalBundle, Progress, check_sent, open_bundle
+from .publish import LocalBundle, Progress, open_bundle, send_contents
 from .ranged import RangedReader, RetryPolicy
 from .source import Source, check_range
 
@@ -99,33 +97,12 @@ def push_oci(bundle_dir, uri: str, progress: Progress | None = None,
     ref = Reference.parse(uri)
     with requests.Session() as session:
         registry = Registry(ref, session, policy or RetryPolicy())
-        for entry in bundle.unique_files():
-            digest = "sha256:" + entry.sha256
-            if registry.has_blob(digest, entry.size):
-                if progress:
-                    progress(entry.size)
-                continue
-            _upload_file(registry, bundle, entry, digest, progress, part_size, uri)
-            PUSHED_BYTES.labels("oci").inc(entry.size)
+        send_contents(bundle, uri, "oci", progress,
+                      lambda e: registry.has_blob("sha256:" + e.sha256, e.size),
+                      lambda e, parts: registry.upload_blob("sha256:" + e.sha256, parts), part_size)
         raw = bundle.manifest_bytes
         if not registry.has_blob(bundle.digest, len(raw)):
             registry.upload_blob(bundle.digest, [raw])
         registry.put_manifest(ref.tag or bundle.digest.replace(":", "-", 1), artifact_manifest(bundle))
     return bundle.digest
 
-
-def _upload_file(registry: Registry, bundle: LocalBundle, entry: FileEntry, digest: str,
-                 progress: Progress | None, part_size: int, uri: str) -> None:
-    hasher = hashlib.sha256()
-    bounds = [(off, min(part_size, entry.size - off)) for off in range(0, entry.size, part_size)] or [(0, 0)]
-    bodies = [FileBody(bundle.path_of(entry), off, n, hasher, progress) for off, n in bounds]
-    try:
-        registry.upload_blob(digest, bodies)
-    except SourceUnavailable:
-        if all(b.done for b in bodies):  # the registry refused the bytes: were they changed here?
-            check_sent(entry, hasher, uri)
-        raise
-    finally:
-        for b in bodies:
-            b.close()
-    check_sent(entry, hasher, uri)

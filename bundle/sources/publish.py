@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BundleError, IntegrityMismatch
+from ..errors import BundleError, IntegrityMismatch, SourceUnavailable
 from ..manifest import FileEntry, Manifest, ManifestError
 from ..scan import read_manifest
+from .metrics import PUSHED_BYTES
 
 Progress = Callable[[int], None]  # called with the number of bytes just sent
 
@@ -136,3 +137,36 @@ def check_sent(entry: FileEntry, hasher, target: str) -> None:
         raise IntegrityMismatch(entry.path, entry.sha256, actual,
                                 detail=f"the bundle changed after it was built; nothing "
                                        f"was published to {target}")
+
+
+def send_contents(bundle: LocalBundle, target: str, scheme: str, progress: Progress | None,
+                  present: Callable[[FileEntry], bool],
+                  upload: Callable[[FileEntry, list[FileBody]], None],
+                  part_size: int | None = None) -> None:
+    """Send every distinct file content the target lacks, insisting on its sha256.
+
+    ``present(entry)`` asks the target; ``upload(entry, parts)`` sends the file as
+    consecutive :class:`FileBody` parts of ``part_size`` bytes (one part if None), which
+    share one hasher. If the target refuses a fully read file, a local change is reported
+    as :class:`IntegrityMismatch` rather than as the target's refusal.
+    """
+    for entry in bundle.unique_files():
+        if present(entry):
+            if progress:
+                progress(entry.size)
+            continue
+        hasher = hashlib.sha256()
+        step = part_size or max(entry.size, 1)
+        bounds = [(off, min(step, entry.size - off)) for off in range(0, entry.size, step)] or [(0, 0)]
+        parts = [FileBody(bundle.path_of(entry), off, n, hasher, progress) for off, n in bounds]
+        try:
+            upload(entry, parts)
+        except SourceUnavailable:
+            if all(p.done for p in parts):
+                check_sent(entry, hasher, target)
+            raise
+        finally:
+            for p in parts:
+                p.close()
+        check_sent(entry, hasher, target)
+        PUSHED_BYTES.labels(scheme).inc(entry.size)

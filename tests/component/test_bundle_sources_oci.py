@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import threading
-import shutil
 import time
 import uuid
 from pathlib import Path
