@@ -1,0 +1,286 @@
+"""The Helm chart, linted and released with Helm's own library against the real API server.
+
+Every object is really created, so the API server's validation (Pod templates with a
+privileged container and Bidirectional propagation, the CSIDriver, the CRDs, RBAC) is
+the judge. There is no kubelet here: the Deployment's Pod is created by the real
+controller-manager and stays Pending, the DaemonSet has no node to run on.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installed package
+    sys.path.insert(0, str(REPO))
+
+from charts.helmenv import CHART_DIR, Helm, HelmFailed  # noqa: E402
+
+INSTANCE = "app.kubernetes.io/instance"
+CRDS = ("residentmodels.resident.dev", "bundledeliveries.resident.dev")
+CLUSTER_KINDS = "clusterroles,clusterrolebindings,csidrivers"
+NAMESPACED_KINDS = "deployments,daemonsets,replicasets,pods,services,serviceaccounts,configmaps"
+
+
+def get(cluster, *args) -> dict:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def items(cluster, kinds: str, selector: str, namespace: str | None = None) -> list[dict]:
+    scope = ["-n", namespace] if namespace else []
+    return get(cluster, kinds, *scope, "-l", selector)["items"]
+
+
+def wait_for(what, check, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.3)
+
+
+def containers(pod_spec: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in pod_spec["containers"]}
+
+
+def effective(pod_spec: dict, container: dict, field: str):
+    """A security field as the container runs it: its own value, else the Pod's."""
+    own = (container.get("securityContext") or {}).get(field)
+    return own if own is not None else (pod_spec.get("securityContext") or {}).get(field)
+
+
+def assert_restricted(pod_spec: dict, container: dict):
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"] and not sc.get("privileged")
+    assert effective(pod_spec, container, "runAsNonRoot") is True
+    assert effective(pod_spec, container, "runAsUser") not in (None, 0)
+    assert effective(pod_spec, container, "seccompProfile") == {"type": "RuntimeDefault"}
+
+
+def assert_only_bridge_privileged_or_root(*pod_specs: dict):
+    """The acceptance rule: no container but the bridge plugin is privileged or root."""
+    for spec in pod_specs:
+        for c in spec["containers"]:
+            if c["name"] == "bridge":
+                continue
+            assert not (c.get("securityContext") or {}).get("privileged"), c["name"]
+            assert effective(spec, c, "runAsUser") not in (None, 0), c["name"]
+            assert effective(spec, c, "runAsNonRoot") is True, c["name"]
+
+
+@pytest.fixture
+def helm(cluster, namespace):
+    return Helm(cluster.kubeconfig, namespace)
+
+
+def test_chart_lints_clean(helm):
+    report = helm.lint()
+    assert report["TotalChartsLinted"] == 1 and not report["Errors"]
+    assert [m for m in report["Messages"] if m["Severity"] >= 2] == []  # no warnings or errors
+
+
+def test_lint_catches_a_broken_template(helm, tmp_path):
+    chart = tmp_path / "resident"
+    shutil.copytree(CHART_DIR, chart)
+    with (chart / "templates" / "csidriver.yaml").open("a") as f:
+        f.write("{{ .Values.noSuchSection.field }}\n")
+    report = helm.lint(chart)
+    assert report["Errors"] and any(m["Severity"] == 3 and m["Path"] == "templates/"
+                                    for m in report["Messages"])
+
+
+def test_install_upgrade_uninstall(cluster, namespace, helm):
+    release = f"rs-{uuid.uuid4().hex[:6]}"
+    full = f"{release}-resident"
+    selector = f"{INSTANCE}={release}"
+    # The session's cluster fixture created the CRDs from crds/ already: take_ownership
+    # lets the release adopt them. crds.keep stays true, so uninstall leaves them for the
+    # other tests of the session.
+    installed = helm.install(release, {}, take_ownership=True)
+    try:
+        assert installed["status"] == "deployed" and installed["version"] == 1
+
+        # -- operator: one replica, Recreate, kopf liveness, restricted --------------------
+        deploy = get(cluster, "deployment", "-n", namespace, f"{full}-operator")
+        assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+        pod_spec = deploy["spec"]["template"]["spec"]
+        op = containers(pod_spec)["operator"]
+        assert op["args"][:2] == ["operator", "--all-namespaces"]
+        assert "--liveness=http://$(POD_IP):8080/healthz" in op["args"]
+        assert op["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
+        assert {p["name"]: p["containerPort"] for p in op["ports"]} == {"health": 8080, "metrics": 9090}
+        env = {e["name"]: e.get("value") for e in op["env"]}
+        assert env["RESIDENT_OWNER_IMAGE"] == "ghcr.io/resident-dev/resident-owner:0.1.0"
+        assert env["RESIDENT_OWNER_HOST_NETWORK"] == "false" and not pod_spec.get("hostNetwork")
+        assert_restricted(pod_spec, op)
+        assert pod_spec["serviceAccountName"] == f"{full}-operator"
+        # the controller-manager made the Pod from the template and the API server admitted it
+        pods = wait_for("the operator Pod", lambda: items(cluster, "pods", selector, namespace))
+        assert_restricted(pods[0]["spec"], containers(pods[0]["spec"])["operator"])
+
+        # -- bridge: privileged plugin, Bidirectional, sidecars, hostPaths ------------------
+        ds = get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")
+        bspec = ds["spec"]["template"]["spec"]
+        cs = containers(bspec)
+        assert set(cs) == {"bridge", "liveness-probe"}  # builtin registration: no root registrar
+        plugin = cs["bridge"]
+        assert plugin["securityContext"]["privileged"] is True
+        mounts = {m["name"]: m for m in plugin["volumeMounts"]}
+        assert mounts["pods-dir"]["mountPath"] == "/var/lib/kubelet/pods"
+        assert mounts["pods-dir"]["mountPropagation"] == "Bidirectional"
+        assert "mountPropagation" not in mounts["store"]
+        hostpaths = {v["name"]: v["hostPath"]["path"] for v in bspec["volumes"] if "hostPath" in v}
+        assert hostpaths == {"socket-dir": "/var/lib/kubelet/plugins/bundles.resident.dev",
+                             "pods-dir": "/var/lib/kubelet/pods",
+                             "store": "/var/lib/resident-bridge",
+                             "registration-dir": "/var/lib/kubelet/plugins_registry"}
+        assert "--endpoint=unix:///csi/csi.sock" in plugin["args"]
+        assert "--registration-dir=/registration" in plugin["args"]
+        assert ("--kubelet-endpoint=/var/lib/kubelet/plugins/bundles.resident.dev/csi.sock"
+                in plugin["args"])
+        assert "--authorize=api" in plugin["args"] and "--deliveries" in plugin["args"]
+        assert plugin["livenessProbe"]["httpGet"]["port"] == "healthz"
+        probe = cs["liveness-probe"]
+        assert probe["args"] == ["--csi-address=/csi/csi.sock", "--health-port=9808"]
+        assert_restricted(bspec, probe)
+        assert_only_bridge_privileged_or_root(pod_spec, bspec)
+
+        # -- CSIDriver, CRDs, Services, RBAC ------------------------------------------------
+        driver = get(cluster, "csidriver", "bundles.resident.dev")["spec"]
+        assert driver["attachRequired"] is False and driver["podInfoOnMount"] is True
+        assert driver["volumeLifecycleModes"] == ["Ephemeral"]
+        assert driver["fsGroupPolicy"] == "None"
+        for name in CRDS:
+            crd = get(cluster, "crd", name)
+            assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+            assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
+        services = {s["metadata"]["name"]: s["spec"] for s in items(cluster, "services", selector, namespace)}
+        assert services[f"{full}-operator-metrics"]["ports"][0]["port"] == 9090
+        assert services[f"{full}-bridge-metrics"]["clusterIP"] == "None"
+        roles = {r["metadata"]["name"] for r in items(cluster, "clusterroles", selector)}
+        assert roles == {f"{full}-operator", f"{full}-bridge"}
+
+        # -- upgrade with changed values ----------------------------------------------------
+        changed = {
+            "image": {"repository": "localhost/resident", "tag": "dev", "pullPolicy": "Never"},
+            "operator": {"hostNetwork": True, "owner": {"host": "127.0.0.1", "hostNetwork": True}},
+            "bridge": {"hostNetwork": True, "registration": {"mode": "sidecar"},
+                       "livenessProbe": {"enabled": False}},
+            "metrics": {"service": False},
+        }
+        upgraded = helm.upgrade(release, changed)
+        assert upgraded["status"] == "deployed" and upgraded["version"] == 2
+        pod_spec = get(cluster, "deployment", "-n", namespace, f"{full}-operator")["spec"]["template"]["spec"]
+        op = containers(pod_spec)["operator"]
+        assert pod_spec["hostNetwork"] is True and pod_spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert (op["image"], op["imagePullPolicy"]) == ("localhost/resident:dev", "Never")
+        env = {e["name"]: e.get("value") for e in op["env"]}
+        assert env["RESIDENT_OWNER_HOST"] == "127.0.0.1" and env["RESIDENT_OWNER_HOST_NETWORK"] == "true"
+        bspec = get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")["spec"]["template"]["spec"]
+        cs = containers(bspec)
+        assert set(cs) == {"bridge", "node-driver-registrar"} and bspec["hostNetwork"] is True
+        assert cs["node-driver-registrar"]["args"] == [
+            "--v=2", "--csi-address=/csi/csi.sock",
+            "--kubelet-registration-path=/var/lib/kubelet/plugins/bundles.resident.dev/csi.sock"]
+        assert not any(a.startswith("--registration-dir") for a in cs["bridge"]["args"])
+        assert "livenessProbe" not in cs["bridge"]
+        assert items(cluster, "services", selector, namespace) == []
+    finally:
+        uninstalled = helm.uninstall(release)
+
+    # -- uninstall: nothing left but the kept CRDs ----------------------------------------
+    assert uninstalled is not None
+    assert items(cluster, CLUSTER_KINDS, selector) == []
+    wait_for("the release's Pods and ReplicaSets to be collected",
+             lambda: items(cluster, NAMESPACED_KINDS, selector, namespace) == [])
+    assert items(cluster, "secrets", f"owner=helm,name={release}", namespace) == []
+    for name in CRDS:
+        assert get(cluster, "crd", name)["metadata"]["name"] == name
+
+
+@pytest.mark.parametrize("values, complaint", [
+    ({"bridge": {"hostNetwrok": True}}, "hostNetwrok"),
+    ({"operator": {"runAsUser": 0}}, "runAsUser"),
+    ({"bridge": {"registration": {"mode": "both"}}}, "mode"),
+    ({"bridge": {"kubeletDir": "var/lib/kubelet"}}, "kubeletDir"),
+])
+def test_bad_values_are_refused_before_anything_is_created(cluster, namespace, helm, values, complaint):
+    release = f"bad-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(HelmFailed) as failure:
+        helm.install(release, {"crds": {"enabled": False}, **values})
+    assert complaint in failure.value.message and "schema" in failure.value.message.lower()
+    selector = f"{INSTANCE}={release}"
+    assert items(cluster, CLUSTER_KINDS, selector) == []
+    assert items(cluster, NAMESPACED_KINDS + ",secrets", selector, namespace) == []
+    assert items(cluster, "secrets", f"owner=helm,name={release}", namespace) == []
+
+
+def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, helm):
+    release = f"rb-{uuid.uuid4().hex[:6]}"
+    helm.install(release, {"crds": {"enabled": False}, "csiDriver": {"create": False}})
+    try:
+        def can(sa: str, verb: str, resource: str, ns: str = "elsewhere") -> bool:
+            resource, _, sub = resource.partition("/")  # kubectl reads a/b as kind/name
+            out = cluster.kubectl("auth", "can-i", verb, resource, "-n", ns,
+                                  *([f"--subresource={sub}"] if sub else []),
+                                  f"--as=system:serviceaccount:{namespace}:{release}-resident-{sa}",
+                                  check=False)
+            return out.stdout.strip() == "yes"
+
+        # asked of the real RBAC authorizer (SubjectAccessReview), in another namespace
+        for verb, resource in [("create", "pods"), ("delete", "pods"), ("create", "secrets"),
+                               ("watch", "residentmodels.resident.dev"),
+                               ("patch", "residentmodels.resident.dev/status"),
+                               ("create", "bundledeliveries.resident.dev"), ("create", "events")]:
+            assert can("operator", verb, resource), (verb, resource)
+        for verb, resource in [("update", "nodes"), ("get", "configmaps"), ("create", "deployments"),
+                               ("patch", "pods"), ("patch", "bundledeliveries.resident.dev"),
+                               ("create", "clusterroles"), ("create", "pods/exec"),
+                               ("patch", "bundledeliveries.resident.dev/status")]:
+            assert not can("operator", verb, resource), (verb, resource)
+        for verb, resource in [("get", "residentmodels.resident.dev"),
+                               ("watch", "bundledeliveries.resident.dev"),
+                               ("patch", "bundledeliveries.resident.dev"),
+                               ("patch", "bundledeliveries.resident.dev/status")]:
+            assert can("bridge", verb, resource), (verb, resource)
+        for verb, resource in [("get", "secrets"), ("create", "pods"), ("patch", "residentmodels.resident.dev"),
+                               ("patch", "residentmodels.resident.dev/status"),
+                               ("create", "bundledeliveries.resident.dev"), ("get", "nodes")]:
+            assert not can("bridge", verb, resource), (verb, resource)
+    finally:
+        helm.uninstall(release)
+
+
+def test_fresh_cluster_gets_crds_from_the_chart_and_keep_false_removes_them():
+    """On its own control plane (no CRDs installed): the chart's CRDs serve a first
+    ResidentModel, and with crds.keep=false uninstall deletes them."""
+    from localcluster.controlplane import ControlPlane
+
+    with ControlPlane() as cp:
+        assert json.loads(cp.kubectl("get", "crd", "-o", "json").stdout)["items"] == []
+        helm = Helm(cp.kubeconfig, "default")
+        helm.install("fresh", {"crds": {"keep": False}, "operator": {"enabled": False},
+                               "bridge": {"enabled": False}})
+        for name in CRDS:
+            wait_for(f"{name} Established", lambda: any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in get(cp, "crd", name).get("status", {}).get("conditions", [])))
+            assert "annotations" not in get(cp, "crd", name)["metadata"] or \
+                "helm.sh/resource-policy" not in get(cp, "crd", name)["metadata"]["annotations"]
+        model = yaml.safe_load((REPO / "examples" / "residentmodel.yaml").read_text())
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+        assert get(cp, "residentmodel", model["metadata"]["name"])["spec"]["replicas"] == 1
+        helm.uninstall("fresh")
+        wait_for("the CRDs to be deleted", lambda: get(cp, "crd")["items"] == [])
