@@ -68,6 +68,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--publish-wait", type=float, default=100.0,
                    help="seconds a publish waits for a fetch before answering ABORTED with "
                         "progress (kubelet's call lasts 120 s)")
+    p.add_argument("--gc-high-water-bytes", type=int,
+                   default=int(env("RESIDENT_GC_HIGH_WATER_BYTES", "0")) or None,
+                   help="run store GC when the store holds more than this many bytes "
+                        "(unleased revisions, least recently used first); unset: no GC")
+    p.add_argument("--gc-low-water-bytes", type=int, default=None,
+                   help="GC removes content until the store is at or under this (default 80%% of high)")
+    p.add_argument("--gc-interval", type=float, default=300.0,
+                   help="seconds between GC passes (GC also runs after each unpublish)")
     p.add_argument("--log-level", default=env("RESIDENT_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr")
     return p
@@ -107,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics_port=None if args.metrics_port < 0 else args.metrics_port,
             metrics_address=args.metrics_address, registration_dir=args.registration_dir,
             kubelet_endpoint=args.kubelet_endpoint, publish_wait_seconds=args.publish_wait,
-            deliveries=args.deliveries))
+            deliveries=args.deliveries, gc_high_water_bytes=args.gc_high_water_bytes,
+            gc_low_water_bytes=args.gc_low_water_bytes, gc_interval_seconds=args.gc_interval))
         bridge.start()
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)

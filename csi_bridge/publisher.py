@@ -25,7 +25,7 @@ import errno
 import hashlib
 import logging
 import os
-import time
+import threading
 from pathlib import Path
 
 import grpc
@@ -59,6 +59,8 @@ class Publisher:
         self.metrics, self.locks = metrics, locks
         self.open_source = open_source
         self.fetches = Fetches(self._materialize)
+        self.gc_guard = threading.Lock()  # replaced by the Collector's guard when GC runs
+        self.after_unpublish = None       # e.g. Collector.collect
 
     # -- publish -----------------------------------------------------------------------
     def publish(self, args: PublishArgs, wait_seconds: float) -> str:
@@ -86,13 +88,20 @@ class Publisher:
                 except Denied as e:
                     raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
             self._materialized(args, wait_seconds)
-            if rec is None or rec.state != "publishing":
-                vdir = self.volumes_root / volume_dirname(args.volume_id, args.target_path)
-                rec = self.state.put_publication(Publication(
-                    target_path=args.target_path, volume_id=args.volume_id, volume_dir=str(vdir),
-                    digest=args.bundle.digest, source=args.bundle.source, model=args.bundle.model,
-                    pod_uid=args.pod.uid, pod_namespace=args.pod.namespace, pod_name=args.pod.name,
-                    state="publishing"))
+            with self.gc_guard:  # no GC between "the revision is there" and "it is leased"
+                if not self.store.has_revision(args.bundle.digest):
+                    raise CsiError(grpc.StatusCode.ABORTED,
+                                   f"{args.bundle.digest} was collected before it could be "
+                                   "leased; retry to fetch it again")
+                if rec is None or rec.state != "publishing":
+                    vdir = self.volumes_root / volume_dirname(args.volume_id, args.target_path)
+                    rec = self.state.put_publication(Publication(
+                        target_path=args.target_path, volume_id=args.volume_id,
+                        volume_dir=str(vdir), digest=args.bundle.digest,
+                        source=args.bundle.source, model=args.bundle.model,
+                        pod_uid=args.pod.uid, pod_namespace=args.pod.namespace,
+                        pod_name=args.pod.name, state="publishing"))
+                self.store.acquire_lease(lease_holder(rec.volume_dir), rec.digest)
             self.complete(rec)
             return "published" if rec.state == "publishing" else "repaired"
 
@@ -159,7 +168,9 @@ class Publisher:
                 return "unknown"
             self.state.set_publication_state(rec.target_path, "unpublishing")
             self.finish_unpublish(rec)
-            return "unpublished"
+        if self.after_unpublish is not None:
+            self.after_unpublish()  # content may have become collectable
+        return "unpublished"
 
     def finish_unpublish(self, rec: Publication) -> None:
         vdir, target = Path(rec.volume_dir), Path(rec.target_path)

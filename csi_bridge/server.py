@@ -21,6 +21,7 @@ import grpc
 
 from . import logs
 from .authorization import Authorizer, make_authorizer
+from .collection import Collector
 from .identity import DRIVER_NAME, IdentityServicer
 from .locks import VolumeLocks
 from .metrics import BridgeMetrics
@@ -52,6 +53,9 @@ class BridgeConfig:
     deliveries: bool = False            # watch BundleDeliveries (needs api_client)
     private_metrics: bool = False       # own registry (several bridges in one process)
     workers: int = 8
+    gc_high_water_bytes: int | None = None  # None: no GC
+    gc_low_water_bytes: int | None = None   # default 80% of high
+    gc_interval_seconds: float = 300.0
     extra: dict = field(default_factory=dict)
 
 
@@ -104,6 +108,10 @@ class Bridge:
         self.locks = VolumeLocks()
         self.publisher = Publisher(self.store, self.state, self.volumes_root, self.authorizer,
                                    self.metrics, self.locks, open_source)
+        self.collector = Collector(self.store, c.gc_high_water_bytes, c.gc_low_water_bytes,
+                                   c.gc_interval_seconds)
+        self.publisher.gc_guard = self.collector.guard
+        self.publisher.after_unpublish = self.collector.collect
         self.identity = IdentityServicer(VERSION, self.health)
         self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds)
         self.registration: RegistrationServicer | None = None
@@ -155,6 +163,7 @@ class Bridge:
             self._metrics_server, _ = start_http_server(c.metrics_port, addr=c.metrics_address,
                                                         registry=self.metrics.registry)
             self.metrics_port = self._metrics_server.server_port
+        self.collector.start()
         if c.deliveries:
             if c.api_client is None:
                 raise ValueError("watching BundleDeliveries needs API access (a kubeconfig)")
@@ -167,6 +176,7 @@ class Bridge:
     def stop(self, grace: float = 2.0) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        self.collector.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

@@ -204,3 +204,26 @@ def test_volume_stats(env):
     with pytest.raises(grpc.RpcError) as e:
         env.node.NodeGetVolumeStats(csi_pb2.NodeGetVolumeStatsRequest(volume_id="csi-1", volume_path="/nonexistent/x"))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_gc_after_unpublish_removes_only_unleased_revisions(tmp_path):
+    d1 = make_bundle(tmp_path / "v1", {"graph.onnx": b"1" * 50_000})
+    d2 = make_bundle(tmp_path / "v2", {"graph.onnx": b"2" * 50_000})
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{tmp_path}/csi.sock", node_id="n",
+                                 root=tmp_path / "data", authorize="allow-any", private_metrics=True,
+                                 gc_high_water_bytes=60_000, gc_low_water_bytes=0)).start()
+    try:
+        with CsiClient(tmp_path / "csi.sock") as c:
+            t1, t2 = tmp_path / "p1" / "mount", tmp_path / "p2" / "mount"
+            c.node.NodePublishVolume(publish_request("v1", t1, d1, f"file://{tmp_path}/v1"))
+            c.node.NodePublishVolume(publish_request("v2", t2, d2, f"file://{tmp_path}/v2"))
+            assert bridge.store.has_revision(d1) and bridge.store.has_revision(d2)
+            c.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(volume_id="v1", target_path=str(t1)))
+            assert not bridge.store.has_revision(d1)      # unleased, over the watermark: collected
+            assert bridge.store.has_revision(d2)          # leased by the published volume: kept
+            assert (t2 / "current" / "graph.onnx").read_bytes() == b"2" * 50_000
+            c.node.NodePublishVolume(publish_request("v1", t1, d1, f"file://{tmp_path}/v1"))
+            assert (t1 / "current" / "graph.onnx").read_bytes() == b"1" * 50_000  # fetched again
+    finally:
+        bridge.stop()
+        cleanup_mounts(tmp_path)
