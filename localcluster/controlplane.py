@@ -6,6 +6,14 @@ certificates, a service-account key pair, a static admin token), starts the four
 processes on free loopback ports, writes a kubeconfig and waits for ``/readyz``.
 ``stop()`` ends every process it started by PID; it also runs at exit.
 
+With ``node_name`` set, the control plane is ready for one kubelet
+(:class:`localcluster.node.LocalCluster`): the API server authorizes with ``Node,RBAC``,
+a static token gives the kubelet the identity ``system:node:<name>`` in ``system:nodes``
+(so the Node authorizer, not system:masters, decides what it may read), the API server
+reaches the kubelet by its Hostname address (which must resolve to loopback), and it
+presents a client certificate signed by a small CA that the kubelet trusts, so the
+kubelet can refuse anonymous requests.
+
 The API server is the real 1.20 server: schema validation, the status subresource,
 watches, RBAC and admission are what a cluster would do.
 """
@@ -35,12 +43,17 @@ CRD_DIR = REPO / "crds"
 
 
 class ControlPlane:
-    def __init__(self, state_dir: Path | None = None, extra_apiserver_flags: list[str] = ()):
+    def __init__(self, state_dir: Path | None = None, extra_apiserver_flags: list[str] = (),
+                 node_name: str | None = None):
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="resident-cp-"))
         self.extra_apiserver_flags = list(extra_apiserver_flags)
         self.token = secrets.token_hex(16)
         self.port = 0
         self.kubeconfig = str(self.state_dir / "kubeconfig")
+        self.node_name = node_name
+        self.node_token = secrets.token_hex(16)
+        self.node_kubeconfig = str(self.state_dir / "node.kubeconfig")
+        self.kubelet_client_ca = self.state_dir / "kubelet-client-ca.crt"
         self.processes = ProcessGroup(self.state_dir / "logs")
 
     @property
@@ -71,11 +84,15 @@ class ControlPlane:
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
             f"--token-auth-file={d / 'tokens.csv'}",
-            "--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24",
+            f"--authorization-mode={'Node,RBAC' if self.node_name else 'RBAC'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true", "--endpoint-reconciler-type=none",
+            *self._kubelet_facing_flags(),
             *self.extra_apiserver_flags,
         ])
         self._write_kubeconfig()
+        if self.node_name:
+            self.write_kubeconfig(self.node_kubeconfig, self.node_token, f"system:node:{self.node_name}")
         self._wait_ready(timeout)
         common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--port=0", "--secure-port=0"]
         self.processes.start("kube-controller-manager", [
@@ -109,18 +126,50 @@ class ControlPlane:
                        check=True, capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub")],
                        check=True, capture_output=True)
-        (d / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
+        tokens = f"{self.token},admin,admin,system:masters\n"
+        if self.node_name:
+            tokens += f"{self.node_token},system:node:{self.node_name},node:{self.node_name},system:nodes\n"
+            self._make_kubelet_client_cert()
+        (d / "tokens.csv").write_text(tokens)
+
+    def _make_kubelet_client_cert(self) -> None:
+        """A CA the kubelet trusts, and the API server's client certificate signed by it."""
+        d = self.state_dir
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                "-keyout", str(d / "kubelet-client-ca.key"), "-out", str(self.kubelet_client_ca),
+                "-subj", "/CN=resident-local-kubelet-client-ca")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "apiserver-kubelet-client.key"),
+                "-out", str(d / "apiserver-kubelet-client.csr"), "-subj", "/O=system:masters/CN=kube-apiserver")
+        openssl("x509", "-req", "-in", str(d / "apiserver-kubelet-client.csr"), "-days", "2",
+                "-CA", str(self.kubelet_client_ca), "-CAkey", str(d / "kubelet-client-ca.key"),
+                "-CAcreateserial", "-out", str(d / "apiserver-kubelet-client.crt"))
+
+    def _kubelet_facing_flags(self) -> list[str]:
+        if not self.node_name:
+            return []
+        d = self.state_dir
+        return ["--kubelet-preferred-address-types=Hostname,InternalIP",
+                f"--kubelet-client-certificate={d / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={d / 'apiserver-kubelet-client.key'}"]
 
     def _write_kubeconfig(self) -> None:
+        self.write_kubeconfig(self.kubeconfig, self.token, "admin")
+
+    def write_kubeconfig(self, path: str, token: str, user: str) -> None:
+        """A kubeconfig for this server that authenticates with a static ``token``."""
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "resident-local",
             "clusters": [{"name": "resident-local",
                           "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}],
-            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": "resident-local",
-                          "context": {"cluster": "resident-local", "user": "admin"}}],
+                          "context": {"cluster": "resident-local", "user": user}}],
         }
-        Path(self.kubeconfig).write_text(yaml.safe_dump(config))
+        Path(path).write_text(yaml.safe_dump(config))
 
     def _wait_ready(self, timeout: float) -> None:
         ctx = ssl._create_unverified_context()  # self-signed serving cert of a loopback server

@@ -1,0 +1,187 @@
+"""containerd for the local node: Debian's containerd + runc, its CRI plugin, loopback-only CNI.
+
+The daemon gets paths of its own, so it never meets a containerd the machine may run:
+its socket and state under ``/run/resident/containerd``, its content and snapshots under
+``/var/lib/resident/containerd``. The root is kept between runs on purpose: it is the
+image store, so an image imported once (``ctr -n k8s.io images import``) is there next
+time and a re-import only checks digests. Nothing else in it survives a teardown: every
+task is killed and every container removed before the daemon stops.
+
+The CRI settings that matter here:
+
+- ``restrict_oom_score_adj = true``: root on these machines lacks CAP_SYS_RESOURCE;
+  without it every sandbox fails in runc with "can't get final child's PID from pipe".
+- the sandbox image is our own pause image (:func:`localcluster.images.pause_image`);
+- CNI has one network, ``lo-only``, with just the ``loopback`` plugin. Pods that need to
+  talk use ``hostNetwork: true`` and loopback addresses; no bridge, no pod CIDR, no
+  traffic to any non-loopback address.
+- the CRI streaming server (exec, attach, port-forward) binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from .oci_layout import image_names
+from .processes import ProcessGroup
+
+log = logging.getLogger(__name__)
+
+ROOT = Path("/var/lib/resident/containerd")
+STATE = Path("/run/resident/containerd")
+NAMESPACE = "k8s.io"
+CNI_BIN_DIR = "/usr/lib/cni"
+PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static", "iptables")
+LOOPBACK_ONLY_CNI = {"cniVersion": "0.4.0", "name": "lo-only", "plugins": [{"type": "loopback"}]}
+
+
+class ImageImportError(RuntimeError):
+    """``ctr images import`` refused a tarball; nothing was imported under its names."""
+
+
+def containerd_config(root: Path, state: Path, socket: Path, sandbox_image: str, cni_conf_dir: Path) -> str:
+    """The containerd config (v2) for the local node; pure."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{root}"
+state = "{state}"
+oom_score = 0
+
+[grpc]
+  address = "{socket}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root}/opt"
+
+[{cri}]
+  sandbox_image = "{sandbox_image}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+
+[{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{cni_conf_dir}"
+  max_conf_num = 1
+"""
+
+
+class Containerd:
+    """One containerd daemon, started through a :class:`ProcessGroup` and stopped by PID."""
+
+    def __init__(self, processes: ProcessGroup, sandbox_image: str, root: Path = ROOT, state: Path = STATE):
+        self.processes, self.sandbox_image = processes, sandbox_image
+        self.root, self.state = root, state
+        self.socket = state / "containerd.sock"
+        self.cni_conf_dir = state.parent / "cni" / "net.d"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        for d in (self.root, self.state, self.cni_conf_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.cni_conf_dir / "10-lo-only.conflist").write_text(json.dumps(LOOPBACK_ONLY_CNI))
+        config = self.state.parent / "containerd.toml"
+        config.write_text(containerd_config(self.root, self.state, self.socket, self.sandbox_image, self.cni_conf_dir))
+        self.proc = self.processes.start("containerd", ["containerd", "--config", str(config)])
+        deadline = time.monotonic() + timeout
+        while self.ctr("version", check=False).returncode != 0:
+            self.processes.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"containerd did not answer on {self.socket} in {timeout}s:\n"
+                                   + self.processes.log_tail("containerd"))
+            time.sleep(0.2)
+        log.info("containerd ready", extra={"socket": str(self.socket), "pid": self.proc.pid})
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ctr(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        proc = subprocess.run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args],
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
+
+    def image_list(self) -> set[str]:
+        return set(self.ctr("images", "list", "-q").stdout.split())
+
+    def import_image(self, tarball: Path) -> list[str]:
+        """Import an OCI image-layout tarball; return the names it carries, now present."""
+        names = image_names(Path(tarball))   # clear errors for a missing or foreign file
+        proc = self.ctr("images", "import", "--digests", str(tarball), check=False)
+        if proc.returncode != 0:
+            raise ImageImportError(f"ctr images import {tarball} failed: {proc.stderr.strip()}")
+        missing = set(names) - self.image_list()
+        if missing:
+            raise ImageImportError(f"after importing {tarball}, containerd lacks {sorted(missing)}")
+        return names
+
+    def remove_workloads(self) -> None:
+        """Kill every task and remove every container in the CRI namespace."""
+        if not self.running:
+            return
+        tasks = self.ctr("tasks", "list", "-q", check=False).stdout.split()
+        for task in tasks:
+            self.ctr("tasks", "kill", "--all", "--signal", "SIGKILL", task, check=False, timeout=30)
+        for task in tasks:
+            deadline = time.monotonic() + 10
+            while self.ctr("tasks", "delete", "--force", task, check=False, timeout=30).returncode != 0:
+                if task not in self.ctr("tasks", "list", "-q", check=False).stdout.split():
+                    break
+                if time.monotonic() > deadline:
+                    log.warning("task %s would not go away", task)
+                    break
+                time.sleep(0.3)
+        for container in self.ctr("containers", "list", "-q", check=False).stdout.split():
+            self.ctr("containers", "delete", container, check=False, timeout=30)
+
+    def shim_pids(self) -> list[int]:
+        """PIDs of containerd-shim processes that belong to this daemon (by its socket path)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"containerd-shim-runc-v2") and str(self.socket).encode() in argv:
+                pids.append(int(entry.name))
+        return pids
+
+    def stop_shims(self, timeout: float = 5.0) -> None:
+        """Shims outlive containerd by design; after the tasks are gone, end any left by PID."""
+        pids = self.shim_pids()
+        for pid in pids:
+            _kill(pid, 15)
+        deadline = time.monotonic() + timeout
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists()]
+            time.sleep(0.1)
+        for pid in pids:
+            log.warning("containerd shim %d ignored SIGTERM; killing", pid)
+            _kill(pid, 9)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
