@@ -26,6 +26,7 @@ import requests
 
 from ..errors import SourceUnavailable
 from ..manifest import MAX_MANIFEST_BYTES, FileEntry, check_digest
+from .oci_auth import Credentials, RegistryAuth
 from .oci_registry import OCI_MANIFEST, Reference, Registry
 from .publish import LocalBundle, Progress, open_bundle, send_contents
 from .ranged import RangedReader, RetryPolicy
@@ -41,11 +42,14 @@ MONOLITHIC_MAX = 64 * 1024 * 1024  # larger blobs go up in PATCH chunks of this 
 class OciSource(Source):
     scheme = "oci"
 
-    def __init__(self, uri: str, policy: RetryPolicy | None = None) -> None:
+    def __init__(self, uri: str, policy: RetryPolicy | None = None,
+                 credentials: Credentials | None = None) -> None:
         super().__init__(uri)
         self.ref = Reference.parse(uri)
+        policy = policy or RetryPolicy()
         self.session = requests.Session()
-        self.reader = RangedReader(self.session, policy or RetryPolicy(), self.scheme)
+        self.session.auth = RegistryAuth(credentials or Credentials.from_env(), policy.timeout)
+        self.reader = RangedReader(self.session, policy, self.scheme)
 
     def manifest_bytes(self, digest: str) -> bytes:
         return self.reader.get_small(self.ref.blob_url(digest), MAX_MANIFEST_BYTES)
@@ -91,12 +95,15 @@ def artifact_manifest(bundle: LocalBundle) -> bytes:
 
 
 def push_oci(bundle_dir, uri: str, progress: Progress | None = None,
-             policy: RetryPolicy | None = None, part_size: int = MONOLITHIC_MAX) -> str:
+             policy: RetryPolicy | None = None, part_size: int = MONOLITHIC_MAX,
+             credentials: Credentials | None = None) -> str:
     """Publish a built bundle as an OCI artifact; return the bundle digest."""
     bundle = open_bundle(bundle_dir)
     ref = Reference.parse(uri)
+    policy = policy or RetryPolicy()
     with requests.Session() as session:
-        registry = Registry(ref, session, policy or RetryPolicy())
+        session.auth = RegistryAuth(credentials or Credentials.from_env(), policy.timeout)
+        registry = Registry(ref, session, policy)
         send_contents(bundle, uri, "oci", progress,
                       lambda e: registry.has_blob("sha256:" + e.sha256, e.size),
                       lambda e, parts: registry.upload_blob("sha256:" + e.sha256, parts), part_size)

@@ -2,8 +2,8 @@
 
 A reference ``oci://host[:port]/name/space[:tag]`` names a repository on a registry.
 Plain HTTP is used for loopback registries (127.0.0.0/8, localhost, ::1) and for
-``oci+http://``; any other host is spoken to over HTTPS. No authentication is attempted:
-an anonymous registry (or a 401) is all this client knows.
+``oci+http://``; any other host is spoken to over HTTPS. Authentication, where the
+registry asks for it, is :mod:`bundle.sources.oci_auth`'s, on the session given here.
 
 Blob uploads follow the spec's two forms: monolithic (``POST`` to open a session, then one
 ``PUT ?digest=`` with the body) and chunked (``PATCH`` each chunk with its

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import json
 import os
 import re
 import socket
+import subprocess
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
@@ -20,6 +25,7 @@ from bundle.manifest import MANIFEST_NAME, ManifestError, chunk_range
 from bundle.scan import build_manifest, write_manifest
 from bundle.sources import RetryPolicy, fetch_verified, open_source, push, push_size
 from bundle.sources.oci import CONFIG_TYPE, LAYER_TYPE, TITLE, push_oci
+from bundle.sources.oci_auth import Credentials
 from bundle.sources.oci_registry import OCI_MANIFEST, Reference, Registry
 from localcluster.binaries import apt_install
 from localcluster.processes import ProcessGroup, free_port
@@ -29,12 +35,14 @@ FAST = RetryPolicy(attempts=3, backoff_seconds=0.01, connect_timeout_seconds=2, 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    """A real docker-registry (distribution v2) on a free loopback port; stopped by PID after."""
+@contextlib.contextmanager
+def running_registry(work: Path, auth_yaml: str = ""):
+    """A real docker-registry (distribution v2) on a free loopback port; stopped by PID after.
+
+    Yields ("127.0.0.1:PORT", storage root). ``auth_yaml`` is the config's ``auth:`` section.
+    """
     if not os.path.exists(REGISTRY_BIN):
         apt_install(("docker-registry",))
-    work = tmp_path_factory.mktemp("registry")
     port = free_port()
     config = work / "config.yml"
     config.write_text(f"""version: 0.1
@@ -45,7 +53,7 @@ storage:
     rootdirectory: {work / 'data'}
 http:
   addr: 127.0.0.1:{port}
-""")
+{auth_yaml}""")
     group = ProcessGroup(work / "logs")
     try:
         group.start("docker-registry", [REGISTRY_BIN, "serve", str(config)])
@@ -54,8 +62,8 @@ http:
         while True:
             group.check_alive()
             try:
-                if requests.get(url + "/v2/", timeout=1).status_code == 200:
-                    break
+                requests.get(url + "/v2/", timeout=1)
+                break
             except requests.ConnectionError:
                 pass
             if time.monotonic() > deadline:
@@ -64,6 +72,13 @@ http:
         yield f"127.0.0.1:{port}", work / "data"
     finally:
         group.stop()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
+        assert requests.get(f"http://{reg[0]}/v2/", timeout=5).status_code == 200  # no auth
+        yield reg
 
 
 def make_bundle(root: Path) -> Path:
@@ -276,3 +291,137 @@ def test_the_store_materializes_a_bundle_from_the_registry(repo, bundle_dir, tmp
     assert res.digest == digest and res.verified and 0 < res.bytes_fetched <= m.total_bytes
     for f in m.files:
         assert (res.path / f.path).read_bytes() == (bundle_dir / f.path).read_bytes()
+
+
+class TokenService:
+    """A real token service for docker-registry's ``auth: token``, on 127.0.0.1.
+
+    Tokens are JWTs signed RS256 by openssl with a throwaway self-signed certificate (sent
+    as ``x5c``; the registry trusts it through ``rootcertbundle``). Anonymous callers get
+    ``pull`` only; the users in ``users`` get what they ask for.
+    """
+
+    ISSUER, SERVICE = "resident-test-tokens", "resident-test-registry"
+
+    def __init__(self, work: Path, users: dict[str, str]) -> None:
+        self.key, self.cert = work / "token.key", work / "token.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                        str(self.key), "-out", str(self.cert), "-subj", "/CN=resident-test-tokens",
+                        "-days", "1"], check=True, capture_output=True)
+        der = subprocess.run(["openssl", "x509", "-in", str(self.cert), "-outform", "DER"],
+                             check=True, capture_output=True).stdout
+        self.x5c = base64.b64encode(der).decode()
+        self.users, self.lifetime, self.issued = users, 300, []
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                service.answer(self)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+        self.realm = f"http://127.0.0.1:{self.server.server_address[1]}/token"
+
+    def answer(self, h: BaseHTTPRequestHandler) -> None:
+        query = parse_qs(urlsplit(h.path).query)
+        user = None
+        if h.headers.get("Authorization", "").startswith("Basic "):
+            user, _, password = base64.b64decode(h.headers["Authorization"][6:]).decode().partition(":")
+            if self.users.get(user) != password:
+                h.send_response(401)
+                h.send_header("Content-Length", "0")
+                h.end_headers()
+                return
+        access = []
+        for scope in query.get("scope", []):
+            kind_name, actions = scope.rsplit(":", 1)
+            kind, name = kind_name.split(":", 1)
+            granted = actions.split(",") if user else [a for a in actions.split(",") if a == "pull"]
+            access.append({"type": kind, "name": name, "actions": granted})
+        now = int(time.time())
+        claims = {"iss": self.ISSUER, "sub": user or "", "aud": query["service"][0], "exp": now + self.lifetime,
+                  "nbf": now - 1, "iat": now, "jti": uuid.uuid4().hex, "access": access}
+        header = {"typ": "JWT", "alg": "RS256", "x5c": [self.x5c]}
+        signing_input = f"{b64url(json.dumps(header).encode())}.{b64url(json.dumps(claims).encode())}"
+        signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.key)],
+                                   input=signing_input.encode(), check=True, capture_output=True).stdout
+        body = json.dumps({"token": f"{signing_input}.{b64url(signature)}",
+                           "expires_in": self.lifetime}).encode()
+        self.issued.append((user, query.get("scope", [])))
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def auth_yaml(self) -> str:
+        return (f"auth:\n  token:\n    realm: {self.realm}\n    service: {self.SERVICE}\n"
+                f"    issuer: {self.ISSUER}\n    rootcertbundle: {self.cert}\n")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory):
+    """(registry host:port, token service) for a registry that demands bearer tokens."""
+    work = tmp_path_factory.mktemp("token-registry")
+    tokens = TokenService(work, {"pusher": "s3cret"})
+    try:
+        with running_registry(work, tokens.auth_yaml()) as reg:
+            assert requests.get(f"http://{reg[0]}/v2/", timeout=5).status_code == 401
+            yield reg[0], tokens
+    finally:
+        tokens.close()
+
+
+def test_token_auth_push_needs_credentials_and_pull_works_anonymously(token_registry, bundle_dir,
+                                                                      monkeypatch):
+    host, tokens = token_registry
+    monkeypatch.delenv("RESIDENT_OCI_USERNAME", raising=False)
+    repo = f"oci://{host}/resident/auth-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(SourceUnavailable, match="401"):
+        push(bundle_dir, repo + ":v1")  # anonymous: the token grants pull only
+    with pytest.raises(SourceUnavailable, match="refused a token .* as 'pusher': HTTP 401"):
+        push_oci(bundle_dir, repo + ":v1", credentials=Credentials("pusher", "wrong"))
+    digest = push_oci(bundle_dir, repo + ":v1", credentials=Credentials("pusher", "s3cret"), part_size=CHUNK)
+    assert ("pusher", [f"repository:{repo.split('/', 3)[3]}:pull,push"]) in tokens.issued
+    tokens.issued.clear()
+    with open_source(repo, FAST) as src:  # anonymous pull
+        m = src.fetch_manifest(src.resolve("v1"))
+        assert m.digest == digest
+        for f in m.files:
+            assert fetch_verified(src, f, 0, f.size, f.sha256) == (bundle_dir / f.path).read_bytes()
+    assert tokens.issued and all(user is None for user, _ in tokens.issued)
+
+
+def test_credentials_from_the_environment_and_token_renewal(token_registry, bundle_dir, monkeypatch):
+    host, tokens = token_registry
+    repo = f"oci://{host}/resident/env-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("RESIDENT_OCI_USERNAME", "pusher")
+    monkeypatch.setenv("RESIDENT_OCI_PASSWORD", "s3cret")
+    digest = push(bundle_dir, repo)
+    monkeypatch.delenv("RESIDENT_OCI_USERNAME")
+    tokens.lifetime = 2  # renewed 1 s after issue (the registry itself allows 60 s of skew)
+    try:
+        with open_source(repo, FAST) as src:
+            m = src.fetch_manifest(digest)
+            tokens.issued.clear()
+            cfg = m.by_path()["config.json"]
+            fetch_verified(src, cfg, 0, cfg.size, cfg.sha256)
+            assert tokens.issued == []  # the token is reused
+            time.sleep(1.2)
+            fetch_verified(src, cfg, 0, cfg.size, cfg.sha256)
+            assert len(tokens.issued) == 1  # renewed before use, not after a 401
+    finally:
+        tokens.lifetime = 300

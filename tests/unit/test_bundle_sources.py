@@ -118,3 +118,15 @@ def test_artifact_manifest_maps_the_bundle_to_config_and_layers(tmp_path):
     assert [(l["digest"], l["size"], l["annotations"][TITLE], l["mediaType"]) for l in doc["layers"]] == [
         ("sha256:" + f.sha256, f.size, f.path, LAYER_TYPE) for f in m.files]
     assert [l["annotations"]["dev.resident.role"] for l in doc["layers"]] == ["config", "weights"]
+
+
+def test_registry_challenges_are_parsed_and_passwords_never_printed():
+    from bundle.sources.oci_auth import Credentials, parse_challenge
+
+    scheme, params = parse_challenge(
+        'Bearer realm="http://127.0.0.1:9/token",service="reg",scope="repository:m/tiny:pull,push"')
+    assert scheme == "bearer"
+    assert params == {"realm": "http://127.0.0.1:9/token", "service": "reg",
+                      "scope": "repository:m/tiny:pull,push"}
+    assert parse_challenge('Basic realm="registry"') == ("basic", {"realm": "registry"})
+    assert "hunter2" not in repr(Credentials("me", "hunter2"))
