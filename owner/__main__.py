@@ -43,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to bind (default 8080; 0 picks one)")
     p.add_argument("--warmup", action="store_true", help="run every variant once before /readyz is true")
+    p.add_argument("--verify-chunks", action="store_true",
+                   help="cpu: after an in-place write also rebuild every changed chunk from live memory "
+                        "and check it against the manifest (catches stray writes; costs a hash per chunk)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines on stderr)")
     return p.parse_args(argv)
 
@@ -50,9 +53,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     jsonlog.configure(args.log_level)
+    if args.verify_chunks and args.backend != "cpu":
+        print("resident owner: --verify-chunks applies to the cpu backend only", file=sys.stderr)
+        return 2
     try:
         token = read_token(args.token_file)
-        backend = create_backend(args.backend)
+        backend = create_backend(args.backend, **({"verify_chunks": True} if args.verify_chunks else {}))
     except (OSError, ValueError, BackendError) as e:
         print(f"resident owner: {e}", file=sys.stderr)
         return 1
