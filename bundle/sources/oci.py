@@ -19,13 +19,13 @@ bundle digest a tag points at. A push without a tag uses ``sha256-<hex>`` of the
 
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 import requests
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import SourceUnavailable
-from ..manifest import MAX_MANIFEST_BYTES, FileEntry, check_digest
+from ..manifest import MAX_MANIFEST_BYTES, FileEntry, ManifestError, check_digest
 from .oci_auth import Credentials, RegistryAuth
 from .oci_registry import OCI_MANIFEST, Reference, Registry
 from .publish import LocalBundle, Progress, open_bundle, send_contents
@@ -37,6 +37,27 @@ LAYER_TYPE = "application/vnd.resident.bundle.file.v1"
 TITLE = "org.opencontainers.image.title"
 ROLE = "dev.resident.role"
 MONOLITHIC_MAX = 64 * 1024 * 1024  # larger blobs go up in PATCH chunks of this size
+
+
+class Descriptor(BaseModel):
+    """An OCI content descriptor (the fields bundles use; others are kept, not checked)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    media_type: str = Field(alias="mediaType")
+    digest: str
+    size: int = Field(ge=0)
+    annotations: dict[str, str] | None = None
+
+
+class ImageManifest(BaseModel):
+    """An OCI image manifest, as pushed for a bundle and read back by :meth:`OciSource.resolve`."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    schema_version: int = Field(default=2, alias="schemaVersion")
+    media_type: str = Field(default=OCI_MANIFEST, alias="mediaType")
+    config: Descriptor
+    layers: list[Descriptor]
+    annotations: dict[str, str] | None = None
 
 
 class OciSource(Source):
@@ -67,12 +88,13 @@ class OciSource(Source):
         url = self.ref.manifest_url(tag)
         body = self.reader.get_small(url, 4 * 1024 * 1024, headers={"Accept": OCI_MANIFEST})
         try:
-            config = json.loads(body)["config"]
-            media, digest = config["mediaType"], check_digest(config["digest"])
-        except (ValueError, KeyError, TypeError) as e:
+            config = ImageManifest.model_validate_json(body).config
+            digest = check_digest(config.digest)
+        except (ValidationError, ManifestError) as e:
             raise SourceUnavailable(f"{url}: not an OCI image manifest ({e})") from None
-        if media != CONFIG_TYPE:
-            raise SourceUnavailable(f"{url}: config media type {media!r}, not a Resident bundle")
+        if config.media_type != CONFIG_TYPE:
+            raise SourceUnavailable(f"{url}: config media type {config.media_type!r}, "
+                                    "not a Resident bundle")
         return digest
 
     def close(self) -> None:
@@ -81,17 +103,13 @@ class OciSource(Source):
 
 def artifact_manifest(bundle: LocalBundle) -> bytes:
     """The OCI image manifest that publishes ``bundle`` (config = bundle manifest, layers = files)."""
-    raw = bundle.manifest_bytes
-    doc = {
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": CONFIG_TYPE, "digest": bundle.digest, "size": len(raw)},
-        "layers": [{"mediaType": LAYER_TYPE, "digest": "sha256:" + f.sha256, "size": f.size,
-                    "annotations": {TITLE: f.path, ROLE: f.role.value}}
-                   for f in bundle.manifest.files],
-        "annotations": {"dev.resident.bundle.digest": bundle.digest},
-    }
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    doc = ImageManifest(
+        config=Descriptor(mediaType=CONFIG_TYPE, digest=bundle.digest, size=len(bundle.manifest_bytes)),
+        layers=[Descriptor(mediaType=LAYER_TYPE, digest="sha256:" + f.sha256, size=f.size,
+                           annotations={TITLE: f.path, ROLE: f.role.value})
+                for f in bundle.manifest.files],
+        annotations={"dev.resident.bundle.digest": bundle.digest})
+    return doc.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
 def push_oci(bundle_dir, uri: str, progress: Progress | None = None,

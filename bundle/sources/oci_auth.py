@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import requests
+from pydantic import BaseModel, Field, ValidationError
 from requests.auth import AuthBase, HTTPBasicAuth
 
 from ..errors import SourceUnavailable
@@ -33,6 +34,14 @@ from ..errors import SourceUnavailable
 CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 DEFAULT_TOKEN_SECONDS = 60  # the spec's default when a token answer names no lifetime
 RENEW_MARGIN_SECONDS = 10
+
+
+class TokenAnswer(BaseModel):
+    """What a token service returns (both names of the token occur in the wild)."""
+
+    token: str | None = None
+    access_token: str | None = None
+    expires_in: float | None = Field(default=None, gt=0)
 
 
 @dataclass(frozen=True)
@@ -111,11 +120,12 @@ class RegistryAuth(AuthBase):
             raise SourceUnavailable(f"token service {realm} refused a token for "
                                     f"{params.get('scope', '?')} {who}: HTTP {resp.status_code}")
         try:
-            doc = resp.json()
-            token = doc.get("token") or doc["access_token"]
-            lifetime = float(doc.get("expires_in") or DEFAULT_TOKEN_SECONDS)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise SourceUnavailable(f"token service {realm}: answer has no token") from None
-        self.header = f"Bearer {token}"
+            answer = TokenAnswer.model_validate_json(resp.content)
+        except ValidationError:
+            answer = None
+        if answer is None or not (answer.token or answer.access_token):
+            raise SourceUnavailable(f"token service {realm}: answer has no token")
+        self.header = f"Bearer {answer.token or answer.access_token}"
         self.challenge = challenge
+        lifetime = answer.expires_in or DEFAULT_TOKEN_SECONDS
         self.expires = time.monotonic() + max(1.0, lifetime - RENEW_MARGIN_SECONDS)

@@ -425,3 +425,20 @@ def test_credentials_from_the_environment_and_token_renewal(token_registry, bund
             assert len(tokens.issued) == 1  # renewed before use, not after a 401
     finally:
         tokens.lifetime = 300
+
+
+def test_resolving_a_tag_that_is_not_a_bundle_is_refused(repo):
+    ref = Reference.parse(repo + ":image")
+    config = b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}'
+    digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
+           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest,
+                      "size": len(config)}}
+    with requests.Session() as s:
+        registry = Registry(ref, s, FAST)
+        registry.upload_blob(digest, [config])
+        registry.put_manifest("image", json.dumps(doc).encode())
+    with pytest.raises(SourceUnavailable, match="not a Resident bundle"):
+        open_source(repo, FAST).resolve("image")
+    with pytest.raises(SourceUnavailable, match="not found"):
+        open_source(repo, FAST).resolve("no-such-tag")
