@@ -90,6 +90,7 @@ class LocalCluster(ControlPlane):
         self.record: HostRecord | None = None
         self.leftovers: list[str] = []
         self.timings: dict[str, float] = {}
+        self.started: list[tuple[str, int]] = []   # every process ever started, (name, pid)
         self._lock_file = None
         self._stopped = True
         atexit.register(self.stop)
@@ -177,6 +178,7 @@ class LocalCluster(ControlPlane):
 
     # -- pieces ----------------------------------------------------------------------
     def _record_process(self, name: str, proc) -> None:
+        self.started.append((name, proc.pid))
         if self.record is not None:
             self.record.add_process(name, proc)
 
