@@ -44,6 +44,7 @@ class DeliveryWatcher:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
         self._inflight: set[str] = set()
+        self._retry_at: dict[str, float] = {}  # Pending deliveries wait before trying again
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="deliveries", daemon=True)
 
@@ -86,7 +87,9 @@ class DeliveryWatcher:
             return
         uid, finalizers = meta["uid"], list(meta.get("finalizers") or [])
         if meta.get("deletionTimestamp"):
-            if FINALIZER in finalizers:
+            with self._lock:
+                busy = uid in self._inflight
+            if FINALIZER in finalizers and not busy:  # a running stage finishes first
                 self._release(obj)
             return
         if FINALIZER not in finalizers:
@@ -103,7 +106,7 @@ class DeliveryWatcher:
             self._patch_status(obj, json.loads(rec.status_json))  # answered before a restart
             return
         with self._lock:
-            if uid in self._inflight:
+            if uid in self._inflight or time.monotonic() < self._retry_at.get(uid, 0.0):
                 return
             self._inflight.add(uid)
         self._pool.submit(self._stage, obj)
@@ -119,6 +122,7 @@ class DeliveryWatcher:
                 self._fail(obj, gen, "InvalidSpec", str(e).replace("\n", "; "))
                 result = "invalid"
                 return
+            staging.find_volume(self.bridge.state, spec)  # NotYet before saying "Staging"
             phase = (obj.get("status") or {}).get("phase")
             if phase != "Staging":
                 self._patch_status(obj, {"phase": "Staging", "observedGeneration": gen,
@@ -130,13 +134,15 @@ class DeliveryWatcher:
                 log.info("delivery staged", extra={"delivery": f"{meta['namespace']}/{meta['name']}",
                                                    "digest": spec.bundle.digest, "bytes": status["bytes"],
                                                    "duration_seconds": status["durationSeconds"]})
-            except staging.NotYet as e:
-                result = "pending"
-                self._patch_status(obj, {"phase": "Pending", "observedGeneration": gen,
-                                         "reason": "VolumeNotReady", "message": str(e)})
             except staging.StageFailed as e:
                 result = "failed"
                 self._fail(obj, gen, e.reason, e.message, spec)
+        except staging.NotYet as e:
+            result = "pending"
+            with self._lock:
+                self._retry_at[uid] = time.monotonic() + self.resync_seconds * 0.8
+            self._patch_status(obj, {"phase": "Pending", "observedGeneration": gen,
+                                     "reason": "VolumeNotReady", "message": str(e)})
         except Exception as e:
             log.exception("staging failed", extra={"delivery": uid})
             self._fail(obj, gen, "InternalError", f"{type(e).__name__}: {e}")
@@ -161,6 +167,7 @@ class DeliveryWatcher:
     def _release(self, obj: dict) -> None:
         meta = obj["metadata"]
         released = staging.release(self.bridge, meta["uid"])
+        self._retry_at.pop(meta["uid"], None)
         log.info("delivery released", extra={"delivery": f"{meta['namespace']}/{meta['name']}",
                                              "phase": "released" if released else "no-lease"})
         rest = [f for f in meta.get("finalizers") or [] if f != FINALIZER]

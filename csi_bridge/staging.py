@@ -99,6 +99,10 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         state.put_delivery(Delivery(uid=uid, namespace=namespace, name=name,
                                     target_path=pub.target_path, digest=digest,
                                     generation=generation, state="staging"))
+        held = {l.holder: l.digest for l in store.leases()}.get(delivery_holder(uid))
+        if held is not None and held != digest:
+            # The delivery's spec changed (a new generation): its lease moves to the new revision.
+            store.release_lease(delivery_holder(uid))
         store.acquire_lease(delivery_holder(uid), digest)
         faults.point("stage:after-lease")
         vdir = Path(pub.volume_dir)

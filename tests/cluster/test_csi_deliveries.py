@@ -160,11 +160,22 @@ def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(wor
         holders = {l.holder: l.digest for l in bridge.store.leases()}
         assert holders[f"delivery:{created['metadata']['uid']}"] == w.d2
 
+        # A spec change (new generation) is staged again and moves the delivery's lease.
+        w.custom.patch_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1", {"spec": {
+            "bundle": {"source": f"file://{w.tmp}/v1", "digest": w.d1}, "path": "WholeBundle"}})
+        obj = wait_for(lambda: (lambda o: o if o["status"].get("observedGeneration") == 2
+                                and o["status"]["phase"] == "Staged" else None)(get_delivery(w)),
+                       what="generation 2 Staged")
+        assert obj["status"]["bytes"]["fetched"] == 0  # v1 is already on the node
+        assert os.readlink(w.target / "current") == "revisions/" + w.d1.replace(":", "-")
+        holders = {l.holder: l.digest for l in bridge.store.leases()}
+        assert holders[f"delivery:{created['metadata']['uid']}"] == w.d1
+
         w.custom.delete_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1")
         wait_for(lambda: get_delivery(w) is None, what="delivery deleted after finalizer removal")
         holders = {l.holder for l in bridge.store.leases()}
         assert f"delivery:{created['metadata']['uid']}" not in holders and len(holders) == 1
-        assert (w.target / "current" / "graph.onnx").read_bytes() == V2["graph.onnx"]
+        assert bridge.state.delivery(created["metadata"]["uid"]) is None
     finally:
         bridge.stop()
 
