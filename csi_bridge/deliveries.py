@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pydantic import ValidationError
 
 from . import staging
+from .events import EventPoster
 from .state import Delivery
 
 log = logging.getLogger("resident.bridge.deliveries")
@@ -47,6 +48,7 @@ class DeliveryWatcher:
         self._retry_at: dict[str, float] = {}  # Pending deliveries wait before trying again
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="deliveries", daemon=True)
+        self.events = EventPoster(api_client, self.node_id)
 
     def start(self) -> None:
         self._thread.start()
@@ -131,6 +133,8 @@ class DeliveryWatcher:
                 status = staging.stage(self.bridge, uid, meta["namespace"], meta["name"], gen, spec)
                 result = "staged" if status["phase"] == "Staged" else "failed"
                 self._patch_status(obj, status)
+                self.events.post(obj, "DeliveryStaged" if result == "staged" else "DeliveryFailed",
+                                 status["message"], warning=result != "staged")
                 log.info("delivery staged", extra={"delivery": f"{meta['namespace']}/{meta['name']}",
                                                    "digest": spec.bundle.digest, "bytes": status["bytes"],
                                                    "duration_seconds": status["durationSeconds"]})
@@ -163,11 +167,16 @@ class DeliveryWatcher:
                 target_path=target, digest=spec.bundle.digest, generation=gen, state="failed",
                 status_json=json.dumps(status)))
         self._patch_status(obj, status)
+        self.events.post(obj, "DeliveryFailed", f"{reason}: {message}", warning=True)
 
     def _release(self, obj: dict) -> None:
         meta = obj["metadata"]
+        self._patch_status(obj, {"phase": "Releasing", "reason": "Deleting",
+                                 "message": "releasing the lease"})
         released = staging.release(self.bridge, meta["uid"])
         self._retry_at.pop(meta["uid"], None)
+        self.events.post(obj, "LeaseReleased", f"released the lease on {obj['spec']['bundle']['digest']}"
+                         if released else "no lease was held")
         log.info("delivery released", extra={"delivery": f"{meta['namespace']}/{meta['name']}",
                                              "phase": "released" if released else "no-lease"})
         rest = [f for f in meta.get("finalizers") or [] if f != FINALIZER]

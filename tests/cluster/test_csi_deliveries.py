@@ -159,6 +159,9 @@ def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(wor
         assert mountinfo.mount_at(w.target).read_only
         holders = {l.holder: l.digest for l in bridge.store.leases()}
         assert holders[f"delivery:{created['metadata']['uid']}"] == w.d2
+        events = w.core.list_namespaced_event(w.ns).items
+        assert any(e.reason == "DeliveryStaged" and e.involved_object.uid == created["metadata"]["uid"]
+                   and e.source.component == "resident-bridge" for e in events)
 
         # A spec change (new generation) is staged again and moves the delivery's lease.
         w.custom.patch_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1", {"spec": {
@@ -176,6 +179,7 @@ def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(wor
         holders = {l.holder for l in bridge.store.leases()}
         assert f"delivery:{created['metadata']['uid']}" not in holders and len(holders) == 1
         assert bridge.state.delivery(created["metadata"]["uid"]) is None
+        assert any(e.reason == "LeaseReleased" for e in w.core.list_namespaced_event(w.ns).items)
     finally:
         bridge.stop()
 

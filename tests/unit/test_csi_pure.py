@@ -118,3 +118,43 @@ def test_fetch_progress_message():
 
 def test_driver_name_is_valid():
     assert NAME_RE.match(DRIVER_NAME)
+
+
+def test_event_body_names_the_delivery_and_is_capped():
+    from csi_bridge.events import build_event
+    obj = {"apiVersion": "resident.dev/v1alpha1", "kind": "BundleDelivery",
+           "metadata": {"name": "d1", "namespace": "ns", "uid": "u-1"}}
+    ev = build_event(obj, "DeliveryFailed", "x" * 5000, "node-a", warning=True)
+    assert ev["involvedObject"] == {"apiVersion": "resident.dev/v1alpha1", "kind": "BundleDelivery",
+                                    "name": "d1", "namespace": "ns", "uid": "u-1"}
+    assert ev["type"] == "Warning" and len(ev["message"]) == 1024
+    assert ev["source"] == {"component": "resident-bridge", "host": "node-a"}
+
+
+def test_delivery_spec_validation():
+    from pydantic import ValidationError
+    from csi_bridge.staging import DeliverySpec
+    good = {"nodeName": "n", "podName": "p", "podUID": "u", "path": "GraphOnly",
+            "bundle": {"source": "file:///b", "digest": D1}}
+    assert DeliverySpec.model_validate(good).min_reuse == 0.5
+    for bad in ({**good, "path": "Sideways"}, {**good, "bundle": {"source": "x", "digest": "sha256:1"}},
+                {**good, "minReuse": 2}, {k: v for k, v in good.items() if k != "podUID"}):
+        with pytest.raises(ValidationError):
+            DeliverySpec.model_validate(bad)
+
+
+def test_csi_bridge_imports_only_bundle_among_project_packages():
+    import ast
+    from pathlib import Path
+    import csi_bridge
+    for path in Path(csi_bridge.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in ("owner", "resident_operator", "localcluster"), \
+                    f"{path.name} imports {name}"
