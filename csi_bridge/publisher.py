@@ -155,9 +155,12 @@ class Publisher:
 
     def _materialize(self, job: Fetch):
         source = self.open_source(job.source)
-        manifest = source.fetch_manifest(job.digest)
-        job.bytes_total = manifest.total_bytes
-        return self.store.materialize(manifest, source, progress=job.progress)
+        try:
+            manifest = source.fetch_manifest(job.digest)
+            job.bytes_total = manifest.total_bytes
+            return self.store.materialize(manifest, source, progress=job.progress)
+        finally:
+            source.close()
 
     # -- unpublish ---------------------------------------------------------------------
     def unpublish(self, args: UnpublishArgs) -> str:

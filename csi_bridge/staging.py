@@ -111,9 +111,12 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
             donor = None
         try:
             source = bridge.publisher.open_source(spec.bundle.source)
-            manifest = source.fetch_manifest(digest)
-            res = store.materialize(manifest, source, donor=donor, mode=spec.path,
-                                    rebase=spec.rebase, min_reuse=spec.min_reuse)
+            try:
+                manifest = source.fetch_manifest(digest)
+                res = store.materialize(manifest, source, donor=donor, mode=spec.path,
+                                        rebase=spec.rebase, min_reuse=spec.min_reuse)
+            finally:
+                source.close()
         except Exception as e:
             for cls, reason in REASONS:
                 if isinstance(e, cls):

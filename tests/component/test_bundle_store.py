@@ -373,3 +373,24 @@ def test_link_tree_is_a_hardlink_copy_staged_then_renamed(tmp_path):
         store.link_tree(a.digest, other)
     with pytest.raises(StoreError, match="not in the store"):
         store.link_tree("sha256:" + "1" * 64, tmp_path / "vol" / "y")
+
+
+def test_metrics_and_structured_log_record_a_materialization(tmp_path, caplog):
+    from prometheus_client import REGISTRY
+
+    def sample(kind: str) -> float:
+        return REGISTRY.get_sample_value("resident_delivery_bytes_total", {"kind": kind}) or 0.0
+
+    a_dir, a = make_bundle(tmp_path / "a")
+    store = Store(tmp_path / "store")
+    before = sample("fetched")
+    with caplog.at_level("INFO", logger="resident.bundle.store"):
+        res = store.materialize(a, open_source(uri(a_dir)))
+    assert sample("fetched") - before == res.bytes_fetched == a.total_bytes
+    assert REGISTRY.get_sample_value("resident_store_bytes") == store.usage_bytes()
+    rec = next(r for r in caplog.records if r.getMessage() == "materialized")
+    assert rec.digest == a.digest and rec.bytes_fetched == a.total_bytes
+    from bundle.jsonlog import JSONLineFormatter
+    line = __import__("json").loads(JSONLineFormatter().format(rec))
+    assert line["msg"] == "materialized" and line["method"] == "reconstruct"
+    assert line["bytes_written"] == a.total_bytes and line["level"] == "info"

@@ -150,3 +150,18 @@ def test_deny_policy_refuses_every_publish(tmp_path):
     finally:
         bridge.stop()
     assert not (tmp_path / "t").exists() and mountinfo.mounts_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--endpoint", "tcp://127.0.0.1:1"], "unix://"),
+    (["--authorize", "static", "--authorize-file", "/nonexistent/policy.json"], "authorization file"),
+    (["--authorize", "static"], "--authorize-file"),
+])
+def test_bad_configuration_exits_2_with_a_clear_message(tmp_path, args, words):
+    base = ["--node-id", "n", "--root", str(tmp_path / "data"), "--metrics-port", "-1",
+            "--endpoint", f"unix://{tmp_path}/csi.sock"]
+    r = subprocess.run([sys.executable, "-m", "csi_bridge", *base, *args], capture_output=True,
+                       text=True, cwd=str(REPO_ROOT), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr
+    assert not (tmp_path / "csi.sock").exists()

@@ -227,3 +227,28 @@ def test_gc_after_unpublish_removes_only_unleased_revisions(tmp_path):
     finally:
         bridge.stop()
         cleanup_mounts(tmp_path)
+
+
+def test_source_holding_another_bundle_is_refused_and_publishes_nothing(env):
+    other = make_bundle(env.tmp / "other", {"graph.onnx": b"not the same bundle"})
+    env.bridge.authorizer.allowed["team-a"].add(other)
+    t = target(env, "p1")
+    with pytest.raises(grpc.RpcError) as e:  # the digest names `other`, the source holds FILES
+        env.node.NodePublishVolume(publish_request("csi-1", t, other, env.source))
+    assert e.value.code() == grpc.StatusCode.DATA_LOSS  # the manifest does not hash to the digest
+    assert other in e.value.details() and not t.exists()
+    assert not env.bridge.store.has_revision(other) and env.bridge.store.leases() == []
+
+
+def test_two_pods_starting_at_once_fetch_once_and_both_publish(env):
+    from concurrent.futures import ThreadPoolExecutor
+    targets = [target(env, f"p{i}") for i in range(4)]
+    reqs = [publish_request(f"csi-{i}", t, env.digest, env.source, pod_uid=f"u{i}")
+            for i, t in enumerate(targets)]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(env.node.NodePublishVolume, reqs))
+    inodes = {os.stat(t / "current" / "model.safetensors").st_ino for t in targets}
+    assert len(inodes) == 1
+    assert len(env.bridge.store.leases()) == 4
+    for t in targets:
+        assert (t / "current" / "model.safetensors").read_bytes() == WEIGHTS
