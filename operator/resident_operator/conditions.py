@@ -5,6 +5,10 @@
 reconcile pass that re-derives the same facts rewrites nothing a client would notice.
 Reason and message may change without moving the time, as in Kubernetes' own
 ``meta.SetStatusCondition``.
+
+A condition's message is never empty: it falls back to the reason. (The local 1.20 API
+server build turns an empty string in a custom resource's merge patch into null, which
+the schema then rejects; a non-empty message is clearer for humans anyway.)
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ def rfc3339(now: datetime) -> str:
 def condition(type_: str, status: bool | None, reason: str, message: str = "") -> dict[str, Any]:
     """A condition without times; ``status`` None means Unknown."""
     text = "Unknown" if status is None else ("True" if status else "False")
-    return {"type": type_, "status": text, "reason": reason, "message": message}
+    return {"type": type_, "status": text, "reason": reason, "message": message or reason}
 
 
 def merge_conditions(previous: Iterable[dict[str, Any]] | None, wanted: Iterable[dict[str, Any]],

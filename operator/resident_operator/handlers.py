@@ -5,7 +5,9 @@
 - ``on_create`` / ``on_update`` (spec) / ``on_resume`` run a pass; an invalid spec raises
   :class:`kopf.PermanentError` after the condition is written.
 - ``resync`` (timer) runs a pass every ``RESIDENT_RESYNC_SECONDS`` so status follows Pods
-  and owners, and transitions progress; ``sweep`` (timer) deletes labelled orphans.
+  and owners, and transitions progress; ``sweep`` (timer) deletes labelled orphans every
+  ``RESIDENT_SWEEP_SECONDS``. Both tick each second and skip until their interval passed,
+  so the intervals are settings read at startup, not at import.
 - ``on_delete`` deletes recorded children by UID and keeps the finalizer until all are gone.
 
 Passes of one model never overlap: each takes the model's lock (a timer that finds it
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import kopf
@@ -29,14 +32,25 @@ from .settings import OperatorSettings, settings_from_env
 
 log = logging.getLogger("resident_operator")
 MODEL = (naming.GROUP, naming.VERSION, naming.MODEL_PLURAL)
-TIMERS = settings_from_env()  # timer intervals must be known when the decorators run
+TICK_SECONDS = 1.0  # timers fire this often and run a pass when its interval has passed
 
 
 class _Runtime:
-    settings: OperatorSettings = TIMERS
+    settings: OperatorSettings = OperatorSettings()
     kube: Kube | None = None
     locks: dict[str, threading.Lock] = {}
+    last_run: dict[tuple[str, str], float] = {}
     guard = threading.Lock()
+
+    @classmethod
+    def due(cls, what: str, uid: str, interval: float) -> bool:
+        """True (and remember now) if ``what`` last ran for ``uid`` at least ``interval`` ago."""
+        now = time.monotonic()
+        with cls.guard:
+            if now - cls.last_run.get((what, uid), -1e9) < interval:
+                return False
+            cls.last_run[(what, uid)] = now
+            return True
 
     @classmethod
     def lock(cls, uid: str) -> threading.Lock:
@@ -52,11 +66,18 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="resident.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="resident.dev", key="last-handled-configuration")
-    settings.posting.level = logging.INFO
+    settings.posting.level = logging.WARNING  # our Events are explicit
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.execution.max_workers = 8
     log.info("resident operator configured", extra={"settings": _Runtime.settings.model_dump()})
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """KUBECONFIG as it is when the operator starts (not when a client library was imported),
+    else the in-cluster service account."""
+    return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
 
 
 def _context(namespace: str, name: str) -> ModelContext | None:
@@ -68,7 +89,8 @@ def _context(namespace: str, name: str) -> ModelContext | None:
     body.setdefault("kind", "ResidentModel")
 
     def post(reason: str, message: str, warning: bool) -> None:
-        (kopf.warn if warning else kopf.info)(body, reason=reason, message=message[:1000])
+        kopf.event(body, type="Warning" if warning else "Normal", reason=reason,
+                   message=message[:1000])
 
     return ModelContext(kube=kube, settings=_Runtime.settings, namespace=namespace, name=name,
                         uid=body["metadata"]["uid"], body=body, post_event=post)
@@ -115,13 +137,16 @@ def on_resume(namespace: str, name: str, uid: str, **_: Any) -> None:
     _pass(namespace, name, uid, wait=True)
 
 
-@kopf.timer(*MODEL, interval=TIMERS.resync_seconds, initial_delay=TIMERS.resync_seconds)
+@kopf.timer(*MODEL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
 def resync(namespace: str, name: str, uid: str, **_: Any) -> None:
-    _pass(namespace, name, uid, wait=False)
+    if _Runtime.due("resync", uid, _Runtime.settings.resync_seconds):
+        _pass(namespace, name, uid, wait=False)
 
 
-@kopf.timer(*MODEL, id="sweep", interval=TIMERS.sweep_seconds, initial_delay=TIMERS.sweep_seconds)
+@kopf.timer(*MODEL, id="sweep", interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
 def sweep(namespace: str, name: str, uid: str, **_: Any) -> None:
+    if not _Runtime.due("sweep", uid, _Runtime.settings.sweep_seconds):
+        return
     lock = _Runtime.lock(uid)
     if not lock.acquire(blocking=False):
         return
@@ -155,3 +180,5 @@ def on_delete(namespace: str, name: str, uid: str, **_: Any) -> None:
         lock.release()
     with _Runtime.guard:
         _Runtime.locks.pop(uid, None)
+        for key in [k for k in _Runtime.last_run if k[1] == uid]:
+            _Runtime.last_run.pop(key, None)

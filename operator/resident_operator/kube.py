@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 import kubernetes
@@ -24,11 +25,13 @@ KINDS = {"Pod": "pods", "Secret": "secrets", "BundleDelivery": naming.DELIVERY_P
 
 def load_config() -> kubernetes.client.ApiClient:
     """An API client from KUBECONFIG / ~/.kube/config, or the in-cluster service account."""
-    try:
-        kubernetes.config.load_kube_config()
-    except Exception:  # noqa: BLE001 - fall back to in-cluster, which raises its own error
-        kubernetes.config.load_incluster_config()
-    return kubernetes.client.ApiClient()
+    cfg = kubernetes.client.Configuration()
+    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if os.path.exists(path.split(os.pathsep)[0]):
+        kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)
+    else:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)
+    return kubernetes.client.ApiClient(cfg)
 
 
 class Kube:

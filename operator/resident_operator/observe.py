@@ -41,9 +41,10 @@ class OwnerView:
         return self.pod_phase == "Running" and not self.terminating
 
     def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pod": self.pod, "uid": self.uid, "node": self.node,
-                               "slot": self.slot, "ready": self.ready,
-                               "phase": self.pod_phase}
+        out: dict[str, Any] = {"pod": self.pod, "uid": self.uid, "slot": self.slot,
+                               "ready": self.ready, "phase": self.pod_phase}
+        if self.node:
+            out["node"] = self.node
         if self.state:
             out["state"] = self.state
         if self.identity:

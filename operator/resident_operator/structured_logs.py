@@ -27,10 +27,19 @@ class JsonLines(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+class QuietTimers(logging.Filter):
+    """Drop kopf's "Timer 'resync' succeeded." lines: the timers tick every second."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("Timer ") and msg.endswith(" succeeded."))
+
+
 def setup(level: int = logging.INFO, json_lines: bool = True) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonLines() if json_lines else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(QuietTimers())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .delivery import DeliveryObservation
 
@@ -57,6 +57,14 @@ class Action(str, Enum):
 
 class _Camel(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        """Status read back may hold null where an empty value was written: use the default."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 class Bytes(_Camel):
@@ -108,7 +116,16 @@ class TransitionState(_Camel):
     message: str = ""
 
     def dump(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """camelCase, without None or empty strings (see ``conditions`` on empty strings)."""
+        return _without_empty(self.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+def _without_empty(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_empty(v) for k, v in value.items() if v != ""}
+    if isinstance(value, list):
+        return [_without_empty(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

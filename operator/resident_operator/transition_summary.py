@@ -3,8 +3,9 @@
 From and to, the strategy and path used, the predicted and the actual bytes (fetched,
 reused, written, summed over owners), the durations (deliver and apply are the slowest
 owner's, first-token the slowest reported, total is wall clock from planning to the end),
-the result and, when it failed, the reason. Every key is always present so a merge patch
-of the status never leaves a stale key from an earlier transition behind.
+the result and, when it failed, the reason. Every key is always present (empty ones as
+null, which a merge patch turns into "remove"), so no stale key from an earlier transition
+stays behind.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
     deliver = [o.delivered_at - o.started_at for o in owners if o.delivered_at and o.started_at]
     apply = [o.applied_at - o.delivered_at for o in owners if o.applied_at and o.delivered_at]
     strategies = sorted({o.strategy for o in owners if o.strategy})
-    return {
+    out = {
         "id": t.id,
         "from": t.from_digest,
         "to": t.to,
@@ -46,3 +47,4 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
         "message": t.message,
         "failedOwner": next((o.pod for o in owners if o.step == Step.failed), ""),
     }
+    return {k: (None if v == "" else v) for k, v in out.items()}

@@ -61,7 +61,7 @@ def test_ready_model():
     assert all(s["by_type"][t]["status"] == "True" for t in ("Delivered", "Resident", "Ready"))
     assert s["by_type"]["Degraded"]["status"] == "False"
     o, = s["owners"]
-    assert (o["pod"], o["uid"], o["node"], o["ready"], o["state"], o["inPlace"]) == \
+    assert (o["pod"], o["uid"], o.get("node"), o["ready"], o["state"], o["inPlace"]) == \
         ("m-owner-0", "uid-m-owner-0", "n1", True, "ready", True)
 
 

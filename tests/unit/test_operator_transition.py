@@ -151,7 +151,7 @@ def test_summary_sums_bytes_and_keeps_every_key():
     assert s["bytes"] == {"fetched": 20, "reused": 200, "written": 20}
     assert s["durations"]["deliverSeconds"] == 2.0 and s["durations"]["applySeconds"] == 2.0
     assert s["durations"]["totalSeconds"] == 10.0
-    assert (s["from"], s["to"], s["result"], s["strategy"], s["reason"]) == (A, B, "succeeded", "InPlace", "")
+    assert (s["from"], s["to"], s["result"], s["strategy"], s["reason"]) == (A, B, "succeeded", "InPlace", None)
 
 
 def test_status_round_trip_uses_camel_case():

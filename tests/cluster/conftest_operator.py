@@ -1,0 +1,293 @@
+"""Cluster-test harness of the operator (imported by tests/cluster/test_operator_*.py).
+
+- :func:`running_operator` runs the real operator in ``kopf.testing.KopfRunner`` against
+  the session's real kube-apiserver, watching one namespace.
+- :class:`PlayedNode` stands in for the two node components this cluster does not have
+  yet (a later issue adds a real kubelet): it creates a Node object so the real scheduler
+  binds owner Pods to it, then plays **kubelet** (publishes the Pod's CSI volume by
+  staging the bundle into a directory, runs the *real* owner runtime and HTTP server on
+  127.0.0.1, reports Pod phase/IP/Ready from the owner's ``/readyz``, finishes Pod
+  deletion) and the **bridge** (holds its finalizer on BundleDeliveries, stages revisions
+  into the live volume with ``owner.local_volume.stage_revision`` and reports Staged or
+  Failed). Nothing about the operator, the API server or the owner is mocked.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+from kopf.testing import KopfRunner
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from bundle.scan import read_manifest
+from bundle.sources.file import dir_from_uri
+from owner.backends.cpu import CpuBackend
+from owner.local_volume import stage_revision
+from owner.runtime import Owner
+from owner.server import make_server
+
+GROUP, VERSION = "resident.dev", "v1alpha1"
+LEASE_FINALIZER = "bundles.resident.dev/lease"
+OPERATOR_ENV = {
+    "RESIDENT_OWNER_IMAGE": "resident-owner:test",
+    "RESIDENT_OWNER_HOST": "127.0.0.1",
+    "RESIDENT_RESYNC_SECONDS": "0.5",
+    "RESIDENT_SWEEP_SECONDS": "2",
+    "RESIDENT_OWNER_TIMEOUT_SECONDS": "3",
+}
+
+
+@contextmanager
+def running_operator(namespace: str, **env: str):
+    """The operator, in-process, watching ``namespace``; stopped on exit."""
+    wanted = {**OPERATOR_ENV, **env}
+    saved = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    try:
+        with KopfRunner(["run", "--standalone", "-n", namespace, "-m", "resident_operator"],
+                        timeout=60) as runner:
+            yield runner
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Api:
+    def __init__(self, cluster, namespace: str) -> None:
+        api = cluster.api_client()
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.ns = namespace
+
+    def create_model(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResidentModel",
+                "metadata": {"name": name}, "spec": spec}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, "residentmodels", body)
+
+    def model(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, "residentmodels", name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, "residentmodels", name,
+                                                   {"spec": spec})
+
+    def delete_model(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.ns, "residentmodels", name)
+
+    def pods(self, selector: str = "") -> list:
+        return self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+
+    def deliveries(self) -> list[dict[str, Any]]:
+        return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.ns, "bundledeliveries")["items"]
+
+    def events(self, name: str) -> list:
+        return [e for e in self.core.list_namespaced_event(self.ns).items
+                if e.involved_object.name == name and e.involved_object.kind == "ResidentModel"]
+
+    def all_events(self) -> list[tuple[str, str, str, str]]:
+        return [(e.involved_object.kind, e.involved_object.name, e.reason, e.message)
+                for e in self.core.list_namespaced_event(self.ns).items]
+
+    def reasons(self, name: str) -> list[str]:
+        return [e.reason for e in sorted(self.events(name), key=lambda e: e.metadata.creation_timestamp)]
+
+
+def condition(model: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for c in ((model or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return c
+    return {}
+
+
+def wait_for(fn: Callable[[], Any], timeout: float = 30.0, what: str = "condition", every: float = 0.2):
+    """Poll ``fn`` until it returns something truthy; fail with the last value seen."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def verify_bundle_dir(path: Path, digest: str) -> None:
+    """What the bridge checks before publishing: the manifest's digest and every file's sha256."""
+    manifest = read_manifest(path)
+    if manifest.digest != digest:
+        raise ValueError(f"source holds {manifest.digest}, not {digest}")
+    for entry in manifest.files:
+        actual = hashlib.sha256((path / entry.path).read_bytes()).hexdigest()
+        if actual != entry.sha256:
+            raise ValueError(f"integrity mismatch in {entry.path}: sha256 {actual} != {entry.sha256}")
+
+
+class PlayedNode:
+    """Kubelet and bridge stand-in for one Node object (see the module docstring)."""
+
+    def __init__(self, cluster, namespace: str, workdir: Path, name: str = "node-a",
+                 backend: Callable[[], Any] = CpuBackend, capacity: dict[str, str] | None = None):
+        self.api = Api(cluster, namespace)
+        self.ns, self.name, self.workdir = namespace, name, Path(workdir)
+        self.backend = backend
+        self.capacity = {"cpu": "8", "memory": "16Gi", "pods": "20", **(capacity or {})}
+        self.stage_deliveries = threading.Event()   # clear it to hold BundleDeliveries
+        self.stage_deliveries.set()
+        self.owners: dict[str, tuple[Owner, Any, threading.Thread]] = {}
+        self.staged: list[str] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"played-{name}", daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def __enter__(self) -> "PlayedNode":
+        self.api.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(
+            name=self.name, labels={"kubernetes.io/hostname": self.name})))
+        self._heartbeat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        for uid in list(self.owners):
+            self._stop_owner(uid)
+        try:
+            self.api.core.delete_node(self.name)
+        except ApiException:
+            pass
+
+    def _heartbeat(self) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.api.core.patch_node_status(self.name, {"status": {
+            "capacity": self.capacity, "allocatable": self.capacity,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "PlayedKubelet",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+
+    def _loop(self) -> None:
+        last_beat = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sync()
+                if time.monotonic() - last_beat > 5:
+                    self._heartbeat()
+                    last_beat = time.monotonic()
+            except Exception:  # noqa: BLE001 - keep playing; the test asserts on errors
+                self.errors.append(traceback.format_exc())
+            self._stop.wait(0.2)
+
+    # -- kubelet --------------------------------------------------------------------
+    def volume(self, pod_uid: str) -> Path:
+        return self.workdir / "volumes" / pod_uid
+
+    def sync(self) -> None:
+        for pod in self.api.pods():
+            if pod.spec.node_name == self.name:
+                self._sync_pod(pod)
+        for bd in self.api.deliveries():
+            if bd["spec"]["nodeName"] == self.name:
+                self._sync_delivery(bd)
+
+    def _sync_pod(self, pod) -> None:
+        uid, name = pod.metadata.uid, pod.metadata.name
+        if pod.metadata.deletion_timestamp:
+            self._stop_owner(uid)
+            try:
+                self.api.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0,
+                                                    body=client.V1DeleteOptions(
+                                                        grace_period_seconds=0,
+                                                        preconditions=client.V1Preconditions(uid=uid)))
+            except ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+            return
+        if uid not in self.owners:
+            self._start_owner(pod)
+        owner, server, _ = self.owners[uid]
+        port = server.server_address[1]
+        ready = requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+        was = {c.type: c.status for c in pod.status.conditions or []}.get("Ready")
+        if pod.status.phase != "Running" or was != ("True" if ready else "False"):
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self.api.core.patch_namespaced_pod_status(name, self.ns, {"status": {
+                "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                "hostIP": "127.0.0.1", "startTime": now,
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                "lastTransitionTime": now}]}})
+
+    def _start_owner(self, pod) -> None:
+        attrs = next(v.csi.volume_attributes for v in pod.spec.volumes if v.csi)
+        vol = self.volume(pod.metadata.uid)
+        stage_revision(vol, dir_from_uri(attrs["source"]), make_current=True, hardlink=False)
+        secret = next(v.secret.secret_name for v in pod.spec.volumes if v.secret)
+        token = base64.b64decode(self.api.core.read_namespaced_secret(secret, self.ns).data["token"]).decode()
+        port = pod.spec.containers[0].ports[0].container_port
+        owner = Owner(vol, self.backend())
+        server = make_server(owner, token, "127.0.0.1", port)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        self.owners[pod.metadata.uid] = (owner, server, thread)
+        owner.start()
+
+    def _stop_owner(self, uid: str) -> None:
+        if uid in self.owners:
+            owner, server, thread = self.owners.pop(uid)
+            server.shutdown()
+            server.server_close()
+            thread.join(10)
+            owner.close()
+
+    def owner_of(self, pod_uid: str) -> Owner:
+        return self.owners[pod_uid][0]
+
+    # -- bridge ---------------------------------------------------------------------
+    def _sync_delivery(self, bd: dict[str, Any]) -> None:
+        meta, name = bd["metadata"], bd["metadata"]["name"]
+        finalizers = meta.get("finalizers") or []
+        plural = "bundledeliveries"
+        if meta.get("deletionTimestamp"):
+            if LEASE_FINALIZER in finalizers:   # release the lease
+                self.api.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, plural, name, {
+                    "metadata": {"finalizers": [f for f in finalizers if f != LEASE_FINALIZER],
+                                 "resourceVersion": meta["resourceVersion"]}})
+            return
+        if LEASE_FINALIZER not in finalizers:
+            self.api.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, plural, name, {
+                "metadata": {"finalizers": finalizers + [LEASE_FINALIZER]}})
+            return
+        phase = (bd.get("status") or {}).get("phase")
+        if phase in ("Staged", "Failed") or not self.stage_deliveries.is_set():
+            return
+        spec = bd["spec"]
+        t0 = time.monotonic()
+        try:
+            source = dir_from_uri(spec["bundle"]["source"])
+            verify_bundle_dir(source, spec["bundle"]["digest"])
+            digest = stage_revision(self.volume(spec["podUID"]), source, make_current=True,
+                                    hardlink=False)
+            status = {"phase": "Staged", "verified": True, "method": "reconstruct",
+                      "durationSeconds": time.monotonic() - t0,
+                      "revisionPath": "revisions/" + digest.replace(":", "-")}
+            self.staged.append(name)
+        except Exception as e:  # noqa: BLE001 - reported in status like the bridge would
+            status = {"phase": "Failed", "verified": False, "reason": "IntegrityMismatch",
+                      "message": f"{type(e).__name__}: {e}"[:500]}
+        self.api.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.ns, plural, name,
+                                                              {"status": status})

@@ -1,0 +1,154 @@
+"""Operator against a real kube-apiserver: placement, invalid specs, cleanup by UID, sweep.
+
+The operator runs in kopf.testing.KopfRunner. These tests need no node: owner Pods stay
+unscheduled (Pending), which is all placement, validation and cleanup look at.
+"""
+
+from __future__ import annotations
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from conftest_operator import Api, condition, running_operator, wait_for
+
+DIGEST = "sha256:" + "ab" * 32
+SPEC = {"bundle": {"source": "file:///srv/bundles/tiny", "digest": DIGEST}}
+NPU_SPEC = {**SPEC, "accelerator": "furiosa.ai/rngd", "replicas": 2,
+            "runtime": {"backend": "rngd", "port": 9100},
+            "nodeSelector": {"resident.dev/pool": "npu"},
+            "tolerations": [{"key": "npu", "operator": "Exists", "effect": "NoSchedule"}]}
+
+
+def owner_pods(api: Api, name: str):
+    return sorted((p for p in api.pods(f"resident.dev/model={name}")
+                   if not p.metadata.deletion_timestamp), key=lambda p: p.metadata.name)
+
+
+def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespace):
+    api = Api(cluster, namespace)
+    with running_operator(namespace):
+        model = api.create_model("npu-lm", NPU_SPEC)
+        uid = model["metadata"]["uid"]
+        pods = wait_for(lambda: len(owner_pods(api, "npu-lm")) == 2 and owner_pods(api, "npu-lm"),
+                        what="two owner Pods")
+        assert [p.metadata.name for p in pods] == ["npu-lm-owner-0", "npu-lm-owner-1"]
+        for pod in pods:
+            c = pod.spec.containers[0]
+            assert c.resources.limits == {"furiosa.ai/rngd": "1"}
+            assert c.resources.requests == {"furiosa.ai/rngd": "1"}
+            assert c.image == "resident-owner:test"
+            assert c.readiness_probe.http_get.path == "/readyz" and c.readiness_probe.http_get.port == 9100
+            csi = next(v.csi for v in pod.spec.volumes if v.csi)
+            assert csi.driver == "bundles.resident.dev" and csi.read_only is True
+            assert csi.volume_attributes == {"digest": DIGEST, "source": SPEC["bundle"]["source"],
+                                             "model": "npu-lm"}
+            assert next(v.secret for v in pod.spec.volumes if v.secret).secret_name == "npu-lm-owner-token"
+            ref, = pod.metadata.owner_references
+            assert (ref.kind, ref.name, ref.uid, ref.controller) == ("ResidentModel", "npu-lm", uid, True)
+            assert pod.metadata.labels["resident.dev/model-uid"] == uid
+            assert pod.spec.node_selector == {"resident.dev/pool": "npu"}
+            assert pod.spec.tolerations[0].key == "npu"
+        secret = api.core.read_namespaced_secret("npu-lm-owner-token", namespace)
+        assert len(secret.data["token"]) > 20
+
+        def recorded():
+            m = api.model("npu-lm")
+            kids = {(c["kind"], c["name"]): c["uid"] for c in (m.get("status") or {}).get("children") or []}
+            return len(kids) == 3 and m
+        m = wait_for(recorded, what="three recorded children")
+        kids = {(c["kind"], c["name"]): c["uid"] for c in m["status"]["children"]}
+        assert kids[("Pod", "npu-lm-owner-0")] == pods[0].metadata.uid
+        assert kids[("Secret", "npu-lm-owner-token")] == secret.metadata.uid
+        m = wait_for(lambda: (api.model("npu-lm").get("status") or {}).get("ready") == "0/2"
+                     and api.model("npu-lm"), what="status.ready 0/2")
+        assert m["status"]["phase"] == "Pending" and m["status"]["observedGeneration"] == 1
+        assert condition(m, "Ready")["status"] == "False" and condition(m, "Degraded")["status"] == "False"
+        table = cluster.kubectl("get", "rm", "-n", namespace).stdout
+        assert table.split("\n")[0].split() == ["NAME", "PHASE", "BUNDLE", "READY", "AGE"]
+        assert "npu-lm" in table and DIGEST in table and "0/2" in table
+
+        api.patch_spec("npu-lm", {"replicas": 1})
+        wait_for(lambda: [p.metadata.name for p in owner_pods(api, "npu-lm")] == ["npu-lm-owner-0"],
+                 what="scale down to one Pod")
+        assert "OwnerPodDeleted" in wait_for(lambda: "OwnerPodDeleted" in api.reasons("npu-lm")
+                                             and api.reasons("npu-lm"), what=f"event {api.all_events()}", timeout=10)
+
+        api.delete_model("npu-lm")
+        wait_for(lambda: api.model("npu-lm") is None, what="the model (finalizer removed)")
+        assert owner_pods(api, "npu-lm") == []
+        try:
+            api.core.read_namespaced_secret("npu-lm-owner-token", namespace)
+            raise AssertionError("the token Secret survived its model")
+        except ApiException as e:
+            assert e.status == 404
+
+
+def test_invalid_spec_gets_a_condition_and_no_children(cluster, namespace):
+    api = Api(cluster, namespace)
+    bad = {**SPEC, "runtime": {"warmup": True}, "transition": {"maxUnavailable": 1}}
+    with running_operator(namespace):
+        api.create_model("bad", bad)
+        m = wait_for(lambda: condition(api.model("bad"), "Degraded").get("reason") == "InvalidSpec"
+                     and api.model("bad"), what="Degraded/InvalidSpec")
+        assert condition(m, "Degraded")["status"] == "True"
+        assert "nothing to warm up" in condition(m, "Degraded")["message"]
+        assert m["status"]["phase"] == "Degraded"
+        wait_for(lambda: "InvalidSpec" in api.reasons("bad"), what="an InvalidSpec Event")
+        assert api.pods() == []
+        assert [s for s in api.core.list_namespaced_secret(namespace).items
+                if s.metadata.name.startswith("bad-")] == []
+        assert not (m["status"].get("children"))
+        # fixing the spec lets the operator place the model
+        api.patch_spec("bad", {"runtime": {"warmup": False}})
+        wait_for(lambda: owner_pods(api, "bad"), what="an owner Pod after the fix")
+        m = wait_for(lambda: condition(api.model("bad"), "Degraded").get("status") == "False"
+                     and api.model("bad"), what="Degraded=False")
+        assert m["status"]["observedGeneration"] == 2
+
+
+def test_same_named_pod_of_someone_else_is_never_deleted(cluster, namespace):
+    api = Api(cluster, namespace)
+    with running_operator(namespace):
+        api.create_model("tiny", SPEC)
+        first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
+        assert first.metadata.name == "tiny-owner-0"
+        # someone deletes the owner Pod and creates their own Pod under the same name
+        api.core.delete_namespaced_pod("tiny-owner-0", namespace)
+        wait_for(lambda: all(p.metadata.uid != first.metadata.uid for p in api.pods()), what="deletion")
+        theirs = api.core.create_namespaced_pod(namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name="tiny-owner-0", labels={"app": "theirs"}),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")])))
+        # the operator moves the slot to a new incarnation instead of touching their Pod
+        wait_for(lambda: [p.metadata.name for p in owner_pods(api, "tiny")] == ["tiny-owner-0-r1"],
+                 what="a replacement under a new name")
+        api.delete_model("tiny")
+        wait_for(lambda: api.model("tiny") is None, what="model gone")
+        survivor = api.core.read_namespaced_pod("tiny-owner-0", namespace)
+        assert survivor.metadata.uid == theirs.metadata.uid and not survivor.metadata.deletion_timestamp
+        assert owner_pods(api, "tiny") == []
+
+
+def test_orphans_labelled_for_the_model_are_swept(cluster, namespace):
+    api = Api(cluster, namespace)
+    with running_operator(namespace):
+        model = api.create_model("tiny", SPEC)
+        pod = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
+        # left over from before a crash: labelled for this model, never recorded
+        orphan = api.core.create_namespaced_secret(namespace, client.V1Secret(
+            metadata=client.V1ObjectMeta(name="tiny-leftover", labels={
+                "resident.dev/model": "tiny", "resident.dev/model-uid": model["metadata"]["uid"]}),
+            string_data={"x": "y"}))
+        unrelated = api.core.create_namespaced_secret(namespace, client.V1Secret(
+            metadata=client.V1ObjectMeta(name="unrelated", labels={"resident.dev/model": "other"})))
+
+        def gone():
+            try:
+                api.core.read_namespaced_secret("tiny-leftover", namespace)
+                return False
+            except ApiException as e:
+                return e.status == 404
+        wait_for(gone, timeout=20, what="the orphan Secret to be swept")
+        assert "OrphanDeleted" in api.reasons("tiny")
+        assert api.core.read_namespaced_secret("unrelated", namespace).metadata.uid == unrelated.metadata.uid
+        assert owner_pods(api, "tiny")[0].metadata.uid == pod.metadata.uid  # recorded child kept
+        assert orphan.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
