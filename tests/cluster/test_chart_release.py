@@ -172,6 +172,12 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         roles = {r["metadata"]["name"] for r in items(cluster, "clusterroles", selector)}
         assert roles == {f"{full}-operator", f"{full}-bridge"}
 
+        # -- a bad upgrade is refused and the release keeps what it had ------------------
+        with pytest.raises(HelmFailed, match="schema"):
+            helm.upgrade(release, {"bridge": {"livenessProbe": {"port": 70000}}})
+        assert helm.status(release)["version"] == 1
+        assert get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")["spec"] == ds["spec"]
+
         # -- upgrade with changed values ----------------------------------------------------
         changed = {
             "image": {"repository": "localhost/resident", "tag": "dev", "pullPolicy": "Never"},
@@ -231,23 +237,32 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
     release = f"rb-{uuid.uuid4().hex[:6]}"
     helm.install(release, {"crds": {"enabled": False}, "csiDriver": {"create": False}})
     try:
-        def can(sa: str, verb: str, resource: str, ns: str = "elsewhere") -> bool:
-            resource, _, sub = resource.partition("/")  # kubectl reads a/b as kind/name
-            out = cluster.kubectl("auth", "can-i", verb, resource, "-n", ns,
-                                  *([f"--subresource={sub}"] if sub else []),
-                                  f"--as=system:serviceaccount:{namespace}:{release}-resident-{sa}",
-                                  check=False)
-            return out.stdout.strip() == "yes"
+        from kubernetes import client
 
-        # asked of the real RBAC authorizer (SubjectAccessReview), in another namespace
+        authz = client.AuthorizationV1Api(cluster.api_client())
+
+        def can(sa: str, verb: str, resource: str, ns: str = "elsewhere") -> bool:
+            name, _, sub = resource.partition("/")
+            plural, _, group = name.partition(".")
+            review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+                user=f"system:serviceaccount:{namespace}:{release}-resident-{sa}",
+                groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+                        "system:authenticated"],
+                resource_attributes=client.V1ResourceAttributes(
+                    namespace=ns, verb=verb, group=group, resource=plural,
+                    subresource=sub or None)))
+            return authz.create_subject_access_review(review).status.allowed
+
+        # asked of the real RBAC authorizer (SubjectAccessReview) for another namespace
         for verb, resource in [("create", "pods"), ("delete", "pods"), ("create", "secrets"),
                                ("watch", "residentmodels.resident.dev"),
                                ("patch", "residentmodels.resident.dev/status"),
-                               ("create", "bundledeliveries.resident.dev"), ("create", "events")]:
+                               ("create", "bundledeliveries.resident.dev"), ("create", "events"),
+                               ("watch", "customresourcedefinitions.apiextensions.k8s.io")]:
             assert can("operator", verb, resource), (verb, resource)
-        for verb, resource in [("update", "nodes"), ("get", "configmaps"), ("create", "deployments"),
+        for verb, resource in [("update", "nodes"), ("get", "configmaps"), ("create", "deployments.apps"),
                                ("patch", "pods"), ("patch", "bundledeliveries.resident.dev"),
-                               ("create", "clusterroles"), ("create", "pods/exec"),
+                               ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "pods/exec"),
                                ("patch", "bundledeliveries.resident.dev/status")]:
             assert not can("operator", verb, resource), (verb, resource)
         for verb, resource in [("get", "residentmodels.resident.dev"),
@@ -263,16 +278,39 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
         helm.uninstall(release)
 
 
+SERVICE_MONITOR_CRD = {  # the shape of prometheus-operator's CRD, reduced to what is needed
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+             "names": {"kind": "ServiceMonitor", "plural": "servicemonitors",
+                       "singular": "servicemonitor", "listKind": "ServiceMonitorList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                 "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
 def test_fresh_cluster_gets_crds_from_the_chart_and_keep_false_removes_them():
     """On its own control plane (no CRDs installed): the chart's CRDs serve a first
-    ResidentModel, and with crds.keep=false uninstall deletes them."""
+    ResidentModel, ServiceMonitors select the metrics Services, and with crds.keep=false
+    uninstall deletes the CRDs too."""
     from localcluster.controlplane import ControlPlane
 
     with ControlPlane() as cp:
         assert json.loads(cp.kubectl("get", "crd", "-o", "json").stdout)["items"] == []
+        cp.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
+        wait_for("the ServiceMonitor CRD", lambda: cp.kubectl(
+            "get", "servicemonitors", check=False).returncode == 0)
         helm = Helm(cp.kubeconfig, "default")
-        helm.install("fresh", {"crds": {"keep": False}, "operator": {"enabled": False},
-                               "bridge": {"enabled": False}})
+        helm.install("fresh", {"crds": {"keep": False},
+                               "metrics": {"serviceMonitor": {"enabled": True, "labels": {"team": "ml"}}}})
+        services = {s["metadata"]["name"]: s for s in items(cp, "services", f"{INSTANCE}=fresh", "default")}
+        monitors = items(cp, "servicemonitors", f"{INSTANCE}=fresh", "default")
+        assert len(monitors) == 2 and all(m["metadata"]["labels"]["team"] == "ml" for m in monitors)
+        for monitor in monitors:
+            wanted = monitor["spec"]["selector"]["matchLabels"]
+            matched = [n for n, svc in services.items()
+                       if wanted.items() <= svc["metadata"]["labels"].items()]
+            assert len(matched) == 1 and monitor["spec"]["endpoints"][0]["port"] == "metrics"
         for name in CRDS:
             wait_for(f"{name} Established", lambda: any(
                 c["type"] == "Established" and c["status"] == "True"
@@ -283,4 +321,35 @@ def test_fresh_cluster_gets_crds_from_the_chart_and_keep_false_removes_them():
         cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
         assert get(cp, "residentmodel", model["metadata"]["name"])["spec"]["replicas"] == 1
         helm.uninstall("fresh")
-        wait_for("the CRDs to be deleted", lambda: get(cp, "crd")["items"] == [])
+        wait_for("the chart's CRDs to be deleted", lambda: [c["metadata"]["name"] for c in get(
+            cp, "crd")["items"]] == ["servicemonitors.monitoring.coreos.com"])
+        assert items(cp, CLUSTER_KINDS, f"{INSTANCE}=fresh") == []
+        assert items(cp, "servicemonitors,services,deployments,daemonsets", f"{INSTANCE}=fresh",
+                     "default") == []
+
+
+def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):
+    """The DaemonSet controller makes a real bridge Pod once a Node exists, and the API
+    server admits it: privileged plugin, Bidirectional propagation, non-root sidecar."""
+    release = f"nd-{uuid.uuid4().hex[:6]}"
+    node = f"chart-node-{uuid.uuid4().hex[:6]}"
+    helm.install(release, {"crds": {"enabled": False}, "operator": {"enabled": False}})
+    try:
+        # There is no kubelet: this test plays the node by creating its Node object only.
+        cluster.kubectl("create", "-f", "-", input=json.dumps(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+        pods = wait_for("the bridge Pod", lambda: items(cluster, "pods", f"{INSTANCE}={release}", namespace))
+        spec = pods[0]["spec"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
+        cs = containers(spec)
+        assert cs["bridge"]["securityContext"]["privileged"] is True
+        assert {m["mountPath"]: m.get("mountPropagation") for m in cs["bridge"]["volumeMounts"]}[
+            "/var/lib/kubelet/pods"] == "Bidirectional"
+        assert_restricted(spec, cs["liveness-probe"])
+        assert_only_bridge_privileged_or_root(spec)
+    finally:
+        cluster.kubectl("delete", "node", node, "--ignore-not-found")
+        helm.uninstall(release)
+    wait_for("the bridge Pod to be collected",
+             lambda: items(cluster, "pods,daemonsets", f"{INSTANCE}={release}", namespace) == [])
