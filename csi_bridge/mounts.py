@@ -52,8 +52,12 @@ def bind_read_only(source: Path, target: Path, between=None) -> mountinfo.Mount:
     _mount(str(source), str(target), MS_BIND)
     if between is not None:
         between()
-    _mount(None, str(target), MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    return verify_read_only_bind(source, target)
+    try:
+        _mount(None, str(target), MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        return verify_read_only_bind(source, target)
+    except MountError:
+        unmount(target)  # never leave a writable bind behind
+        raise
 
 
 def verify_read_only_bind(source: Path, target: Path) -> mountinfo.Mount:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import grpc
 
+from bundle.errors import BundleError
 from bundle.manifest import MANIFEST_NAME
 from . import faults, mountinfo, mounts, volumes
 from .arguments import PublishArgs, UnpublishArgs
@@ -93,7 +94,7 @@ class Publisher:
                     raise CsiError(grpc.StatusCode.ABORTED,
                                    f"{args.bundle.digest} was collected before it could be "
                                    "leased; retry to fetch it again")
-                if rec is None or rec.state != "publishing":
+                if rec is None:
                     vdir = self.volumes_root / volume_dirname(args.volume_id, args.target_path)
                     rec = self.state.put_publication(Publication(
                         target_path=args.target_path, volume_id=args.volume_id,
@@ -108,10 +109,12 @@ class Publisher:
     def complete(self, rec: Publication) -> None:
         """Steps 4-7 for a recorded publication; idempotent, used by publish and reconcile."""
         vdir, target = Path(rec.volume_dir), Path(rec.target_path)
-        self.store.acquire_lease(lease_holder(vdir), rec.digest)
-        faults.point("publish:after-lease")
         try:
+            self.store.acquire_lease(lease_holder(vdir), rec.digest)
+            faults.point("publish:after-lease")
             volumes.build(self.store, vdir, rec.digest)
+        except BundleError as e:
+            raise from_bundle_error(e, f"building the volume of {rec.digest}") from None
         except OSError as e:
             raise CsiError(grpc.StatusCode.INTERNAL, f"building volume for {rec.digest}: {e}") from None
         faults.point("publish:after-volume")

@@ -103,6 +103,10 @@ def test_publish_repairs_a_mount_removed_behind_its_back(env):
     env.node.NodePublishVolume(req)
     assert mountinfo.mount_at(t).read_only
     assert (t / "current" / "config.json").read_bytes() == FILES["config.json"]
+    count = env.bridge.metrics.registry.get_sample_value
+    assert count("resident_publish_duration_seconds_count", {"result": "repaired"}) == 1
+    assert count("resident_publish_duration_seconds_count", {"result": "published"}) == 1
+    assert len(env.bridge.store.leases()) == 1
 
 
 def test_unpublish_of_unknown_volume_or_missing_target_is_ok(env):
