@@ -72,7 +72,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     def NodeGetVolumeStats(self, request, context):
         try:
             args = arguments.check_stats(request)
-            st, used = self.publisher.usage(args.volume_id, args.volume_path)
+            st, used, problem = self.publisher.usage(args.volume_id, args.volume_path)
         except CsiError as e:
             context.abort(e.code, e.message)
         total = st.f_blocks * st.f_frsize
@@ -81,4 +81,5 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                                        available=0),
                    csi_pb2.VolumeUsage(unit=csi_pb2.VolumeUsage.INODES, total=st.f_files,
                                        used=st.f_files - st.f_ffree, available=0)],
-            volume_condition=csi_pb2.VolumeCondition(abnormal=False, message="read-only bundle"))
+            volume_condition=csi_pb2.VolumeCondition(abnormal=bool(problem),
+                                                     message=problem or "read-only bundle mounted"))

@@ -200,7 +200,7 @@ class Publisher:
         self.state.delete_publication(rec.target_path)
 
     # -- stats -------------------------------------------------------------------------
-    def usage(self, volume_id: str, volume_path: str) -> tuple[os.statvfs_result, int]:
+    def usage(self, volume_id: str, volume_path: str) -> tuple[os.statvfs_result, int, str]:
         recs = [r for r in self.state.publications("volume_id=?", (volume_id,))]
         if not recs:
             raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not published here")
@@ -212,7 +212,9 @@ class Publisher:
         rec = next(r for r in recs if r.target_path == volume_path.rstrip("/"))
         used = sum(f.stat().st_size for f in Path(rec.volume_dir).rglob("*")
                    if f.is_file() and not f.is_symlink())
-        return os.statvfs(volume_path), used
+        problem = "" if self._mount_intact(rec) else (
+            f"{volume_path} is not a read-only mount of its volume with a valid current revision")
+        return os.statvfs(volume_path), used, problem
 
 
 __all__ = ["Publisher", "volume_dirname", "lease_holder", "MANIFEST_NAME"]

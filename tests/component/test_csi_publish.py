@@ -202,6 +202,10 @@ def test_volume_stats(env):
     stats = env.node.NodeGetVolumeStats(csi_pb2.NodeGetVolumeStatsRequest(volume_id="csi-1", volume_path=str(t)))
     by_unit = {u.unit: u for u in stats.usage}
     assert by_unit[csi_pb2.VolumeUsage.BYTES].used >= sum(len(v) for v in FILES.values())
+    assert stats.volume_condition.abnormal is False
+    cleanup_mounts(t)  # the mount vanishes behind the bridge's back: reported abnormal
+    stats = env.node.NodeGetVolumeStats(csi_pb2.NodeGetVolumeStatsRequest(volume_id="csi-1", volume_path=str(t)))
+    assert stats.volume_condition.abnormal is True and "read-only mount" in stats.volume_condition.message
     with pytest.raises(grpc.RpcError) as e:
         env.node.NodeGetVolumeStats(csi_pb2.NodeGetVolumeStatsRequest(volume_id="nope", volume_path=str(t)))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
