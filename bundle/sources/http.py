@@ -26,7 +26,7 @@ import requests
 from ..errors import SourceUnavailable
 from ..manifest import MAX_MANIFEST_BYTES, FileEntry, ManifestError
 from .publish import Progress, open_bundle, send_contents
-from .ranged import RETRYABLE, RangedReader, RetryPolicy
+from .ranged import RETRYABLE, RangedReader, RetryPolicy, TransientUnavailable, is_transient
 from .source import Source, check_range
 
 
@@ -74,10 +74,11 @@ def push_http(bundle_dir, uri: str, progress: Progress | None = None,
     base = base_from_uri(uri)
     policy = policy or RetryPolicy()
     with requests.Session() as session:
-        send_contents(bundle, uri, "http", progress,
+        send_contents(bundle, uri, "http", progress, policy,
                       lambda e: _holds(session, blob_url(base, e.sha256), e.size, policy),
                       lambda e, parts: _put(session, blob_url(base, e.sha256), parts[0], policy))
-        _put(session, manifest_url(base, bundle.digest), bundle.manifest_bytes, policy)
+        policy.call(lambda: _put(session, manifest_url(base, bundle.digest), bundle.manifest_bytes,
+                                 policy), "http")
     return bundle.digest
 
 
@@ -85,7 +86,7 @@ def _holds(session: requests.Session, url: str, size: int, policy: RetryPolicy) 
     try:
         resp = session.head(url, timeout=policy.timeout)
     except RETRYABLE as e:
-        raise SourceUnavailable(f"{url}: {e}") from e
+        raise TransientUnavailable(f"HEAD {url}: {e}") from e
     return resp.status_code == 200 and resp.headers.get("Content-Length") == str(size)
 
 
@@ -94,6 +95,7 @@ def _put(session: requests.Session, url: str, body, policy: RetryPolicy) -> None
         resp = session.put(url, data=body, timeout=policy.timeout, headers={
             "Content-Type": "application/octet-stream", "Content-Length": str(len(body))})
     except RETRYABLE as e:
-        raise SourceUnavailable(f"PUT {url}: {e}") from e
+        raise TransientUnavailable(f"PUT {url}: {e}") from e
     if resp.status_code not in (200, 201, 204):
-        raise SourceUnavailable(f"PUT {url}: HTTP {resp.status_code} {resp.text.strip()[:200]}")
+        error = TransientUnavailable if is_transient(resp.status_code) else SourceUnavailable
+        raise error(f"PUT {url}: HTTP {resp.status_code} {resp.text.strip()[:200]}")

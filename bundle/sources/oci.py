@@ -122,12 +122,13 @@ def push_oci(bundle_dir, uri: str, progress: Progress | None = None,
     with requests.Session() as session:
         session.auth = RegistryAuth(credentials or Credentials.from_env(), policy.timeout)
         registry = Registry(ref, session, policy)
-        send_contents(bundle, uri, "oci", progress,
+        send_contents(bundle, uri, "oci", progress, policy,
                       lambda e: registry.has_blob("sha256:" + e.sha256, e.size),
                       lambda e, parts: registry.upload_blob("sha256:" + e.sha256, parts), part_size)
         raw = bundle.manifest_bytes
         if not registry.has_blob(bundle.digest, len(raw)):
-            registry.upload_blob(bundle.digest, [raw])
-        registry.put_manifest(ref.tag or bundle.digest.replace(":", "-", 1), artifact_manifest(bundle))
+            policy.call(lambda: registry.upload_blob(bundle.digest, [raw]), "oci")
+        tag = ref.tag or bundle.digest.replace(":", "-", 1)
+        policy.call(lambda: registry.put_manifest(tag, artifact_manifest(bundle)), "oci")
     return bundle.digest
 

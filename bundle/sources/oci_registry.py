@@ -22,7 +22,7 @@ import requests
 
 from ..errors import SourceUnavailable
 from ..manifest import ManifestError
-from .ranged import RETRYABLE, RetryPolicy
+from .ranged import RETRYABLE, RetryPolicy, TransientUnavailable, is_transient
 
 NAME_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -85,9 +85,10 @@ class Registry:
         try:
             resp = self.session.request(method, url, timeout=self.policy.timeout, **kw)
         except RETRYABLE as e:
-            raise SourceUnavailable(f"{method} {url}: {e}") from e
+            raise TransientUnavailable(f"{method} {url}: {e}") from e
         if resp.status_code not in ok:
-            raise SourceUnavailable(f"{method} {url}: HTTP {resp.status_code} {_errors(resp)}")
+            error = TransientUnavailable if is_transient(resp.status_code) else SourceUnavailable
+            raise error(f"{method} {url}: HTTP {resp.status_code} {_errors(resp)}")
         return resp
 
     def has_blob(self, digest: str, size: int) -> bool:

@@ -23,6 +23,7 @@ from ..errors import BundleError, IntegrityMismatch, SourceUnavailable
 from ..manifest import FileEntry, Manifest, ManifestError
 from ..scan import read_manifest
 from .metrics import PUSHED_BYTES
+from .ranged import RetryPolicy
 
 Progress = Callable[[int], None]  # called with the number of bytes just sent
 
@@ -140,33 +141,57 @@ def check_sent(entry: FileEntry, hasher, target: str) -> None:
 
 
 def send_contents(bundle: LocalBundle, target: str, scheme: str, progress: Progress | None,
-                  present: Callable[[FileEntry], bool],
+                  policy: RetryPolicy, present: Callable[[FileEntry], bool],
                   upload: Callable[[FileEntry, list[FileBody]], None],
                   part_size: int | None = None) -> None:
     """Send every distinct file content the target lacks, insisting on its sha256.
 
     ``present(entry)`` asks the target; ``upload(entry, parts)`` sends the file as
     consecutive :class:`FileBody` parts of ``part_size`` bytes (one part if None), which
-    share one hasher. If the target refuses a fully read file, a local change is reported
-    as :class:`IntegrityMismatch` rather than as the target's refusal.
+    share one hasher. A transient failure repeats the whole file with fresh parts (per
+    ``policy``); ``progress`` still adds up to the file's size once. If the target refuses
+    a fully read file, a local change is reported as :class:`IntegrityMismatch` rather than
+    as the target's refusal.
     """
     for entry in bundle.unique_files():
         if present(entry):
             if progress:
                 progress(entry.size)
             continue
-        hasher = hashlib.sha256()
-        step = part_size or max(entry.size, 1)
-        bounds = [(off, min(step, entry.size - off)) for off in range(0, entry.size, step)] or [(0, 0)]
-        parts = [FileBody(bundle.path_of(entry), off, n, hasher, progress) for off, n in bounds]
-        try:
-            upload(entry, parts)
-        except SourceUnavailable:
-            if all(p.done for p in parts):
-                check_sent(entry, hasher, target)
-            raise
-        finally:
-            for p in parts:
-                p.close()
-        check_sent(entry, hasher, target)
+        reported = _Reported(progress)
+
+        def attempt(entry: FileEntry = entry) -> None:
+            hasher = hashlib.sha256()
+            step = part_size or max(entry.size, 1)
+            bounds = [(off, min(step, entry.size - off)) for off in range(0, entry.size, step)] or [(0, 0)]
+            parts = [FileBody(bundle.path_of(entry), off, n, hasher, reported.count) for off, n in bounds]
+            reported.restart()
+            try:
+                upload(entry, parts)
+            except SourceUnavailable:
+                if all(p.done for p in parts):
+                    check_sent(entry, hasher, target)
+                raise
+            finally:
+                for p in parts:
+                    p.close()
+            check_sent(entry, hasher, target)
+
+        policy.call(attempt, scheme)
         PUSHED_BYTES.labels(scheme).inc(entry.size)
+
+
+class _Reported:
+    """Passes on only bytes beyond what earlier attempts at the same file already reported."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress, self.high, self.now = progress, 0, 0
+
+    def restart(self) -> None:
+        self.now = 0
+
+    def count(self, n: int) -> None:
+        self.now += n
+        if self.progress and self.now > self.high:
+            self.progress(self.now - self.high)
+            self.high = self.now

@@ -20,7 +20,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import requests
 import urllib3
@@ -31,12 +31,21 @@ from .source import BLOCK_SIZE
 
 log = logging.getLogger("resident.bundle.sources")
 CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+T = TypeVar("T")
 RETRYABLE = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
              urllib3.exceptions.HTTPError, http.client.HTTPException, ConnectionError, TimeoutError)
 
 
 class _Retry(Exception):
     """A server answer that deserves another try (5xx, 429)."""
+
+
+class TransientUnavailable(SourceUnavailable):
+    """A failure another attempt may cure: a dropped connection, a timeout, a 5xx or 429."""
+
+
+def is_transient(status_code: int) -> bool:
+    return status_code >= 500 or status_code == 429
 
 
 @dataclass(frozen=True)
@@ -55,11 +64,29 @@ class RetryPolicy:
     def wait(self, failures: int) -> None:
         time.sleep(min(5.0, self.backoff_seconds * 2 ** (failures - 1)))
 
+    def call(self, attempt: Callable[[], T], scheme: str) -> T:
+        """Run ``attempt()`` again after :class:`TransientUnavailable`, at most ``attempts`` times.
+
+        For requests that can be repeated whole (a push's uploads): ``attempt`` must make
+        its request body afresh each time.
+        """
+        failures = 0
+        while True:
+            try:
+                return attempt()
+            except TransientUnavailable as e:
+                failures += 1
+                if failures >= self.attempts:
+                    raise TransientUnavailable(f"{e} (gave up after {failures} attempts)") from e
+                RETRIES.labels(scheme).inc()
+                log.warning("request failed, retrying", extra={"cause": _describe(e), "attempt": failures})
+                self.wait(failures)
+
 
 def final_status(resp: requests.Response, url: str) -> None:
     """Raise for answers that end a request: _Retry for 5xx/429, SourceUnavailable for 4xx."""
     code = resp.status_code
-    if code >= 500 or code == 429:
+    if is_transient(code):
         raise _Retry(f"HTTP {code}")
     if code == 404 or code == 410:
         raise SourceUnavailable(f"{url}: not found (HTTP {code})")

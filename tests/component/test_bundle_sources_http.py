@@ -45,7 +45,18 @@ class FaultyHandler(BundleRequestHandler):
         super().do_GET()
 
     def do_PUT(self):
-        self.server.puts.append(self.path)
+        srv = self.server
+        srv.puts.append(self.path)
+        if srv.fault == "drop_put" and "/blobs/" in self.path and not srv.dropped:
+            srv.dropped += 1  # take half the body, then vanish without an answer
+            self.rfile.read(int(self.headers["Content-Length"]) // 2)
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        if srv.fault == "busy_put":
+            srv.dropped += 1
+            self.close_connection = True
+            return self._reply(503, b"busy\n")
         super().do_PUT()
 
     def send_body(self, f, length):
@@ -261,11 +272,34 @@ def test_push_of_a_changed_bundle_publishes_no_manifest(server, bundle_dir):
     assert not (server.root / "m" / "manifests").exists()
 
 
-def test_push_to_a_read_only_server_is_refused(server, bundle_dir):
+def test_push_to_a_read_only_server_is_refused_without_retrying(server, bundle_dir):
     server.read_only = True
     with pytest.raises(SourceUnavailable, match="405"):
-        push(bundle_dir, server.url + "/m")
+        push(bundle_dir, server.url + "/m", policy=FAST)
     assert not (server.root / "m").exists()
+    assert len(server.puts) == 1
+
+
+def test_push_repeats_a_file_whose_upload_dropped(server, bundle_dir):
+    server.fault = "drop_put"
+    seen = []
+    digest = push(bundle_dir, server.url + "/m", progress=seen.append, policy=FAST)
+    assert server.dropped == 1
+    first_blob = server.puts[0]
+    assert server.puts.count(first_blob) == 2  # sent again, whole
+    assert sum(seen) == push_size(bundle_dir, server.url + "/m")  # not counted twice
+    with open_source(server.url + "/m", FAST) as src:
+        m = src.fetch_manifest(digest)
+        for f in m.files:
+            assert fetch_verified(src, f, 0, f.size, f.sha256) == (bundle_dir / f.path).read_bytes()
+
+
+def test_push_to_a_server_that_stays_busy_gives_up(server, bundle_dir):
+    server.fault = "busy_put"
+    with pytest.raises(SourceUnavailable, match="503.*gave up after 3 attempts"):
+        push(bundle_dir, server.url + "/m", policy=FAST)
+    assert server.dropped == 3
+    assert not (server.root / "m" / "manifests").exists()
 
 
 def test_httpserve_runs_as_a_program(tmp_path, bundle_dir):
