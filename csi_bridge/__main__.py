@@ -76,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
                    help="GC removes content until the store is at or under this (default 80%% of high)")
     p.add_argument("--gc-interval", type=float, default=300.0,
                    help="seconds between GC passes (GC also runs after each unpublish)")
+    p.add_argument("--orphan-grace", type=float, default=600.0,
+                   help="seconds after which a publish interrupted by a crash, whose Pod has "
+                        "since been deleted, is released (needs API access)")
     p.add_argument("--log-level", default=env("RESIDENT_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr")
     return p
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics_address=args.metrics_address, registration_dir=args.registration_dir,
             kubelet_endpoint=args.kubelet_endpoint, publish_wait_seconds=args.publish_wait,
             deliveries=args.deliveries, gc_high_water_bytes=args.gc_high_water_bytes,
-            gc_low_water_bytes=args.gc_low_water_bytes, gc_interval_seconds=args.gc_interval))
+            gc_low_water_bytes=args.gc_low_water_bytes, gc_interval_seconds=args.gc_interval,
+            orphan_grace_seconds=args.orphan_grace))
         bridge.start()
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)

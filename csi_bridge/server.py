@@ -56,6 +56,7 @@ class BridgeConfig:
     gc_high_water_bytes: int | None = None  # None: no GC
     gc_low_water_bytes: int | None = None   # default 80% of high
     gc_interval_seconds: float = 300.0
+    orphan_grace_seconds: float = 600.0   # half-publishes of deleted Pods (needs api_client)
     extra: dict = field(default_factory=dict)
 
 
@@ -120,6 +121,7 @@ class Bridge:
         self._metrics_server = None
         self.metrics_port: int | None = None
         self.watcher = None
+        self.sweeper = None
 
     def health(self) -> str | None:
         """None when usable; otherwise why not (store or database unusable)."""
@@ -164,6 +166,11 @@ class Bridge:
                                                         registry=self.metrics.registry)
             self.metrics_port = self._metrics_server.server_port
         self.collector.start()
+        if c.api_client is not None:
+            from .sweep import OrphanSweeper
+            self.sweeper = OrphanSweeper(self.publisher, self.state, self.locks, c.api_client,
+                                         grace_seconds=c.orphan_grace_seconds)
+            self.sweeper.start()
         if c.deliveries:
             if c.api_client is None:
                 raise ValueError("watching BundleDeliveries needs API access (a kubeconfig)")
@@ -177,6 +184,8 @@ class Bridge:
         if self.watcher is not None:
             self.watcher.stop()
         self.collector.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

@@ -232,3 +232,45 @@ def test_kill_mid_stage_then_restart_finishes_without_partial_tree(world):
         wait_for(lambda: get_delivery(w) is None, what="delivery deleted")
     finally:
         bridge.stop()
+
+
+def test_half_publish_of_a_deleted_pod_is_released_and_a_live_pods_is_kept(world):
+    w = world
+    pod_b = w.core.create_namespaced_pod(w.ns, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="owner-1"),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")])))
+    t_b = w.tmp / "kubelet" / "pods" / pod_b.metadata.uid / "mount"
+    t_b.parent.mkdir(parents=True)
+    req_b = publish_request("csi-b", t_b, w.d1, f"file://{w.tmp}/v1", namespace=w.ns,
+                            pod="owner-1", pod_uid=pod_b.metadata.uid, model="m")
+    bridge = BridgeProcess(w.tmp / "b", authorize="api",
+                           extra_args=("--kubeconfig", w.cluster.kubeconfig))
+    lease_db = bridge.root / "data" / "store" / "store.db"
+
+    def holders():
+        db = sqlite3.connect(lease_db)
+        try:
+            return {h for (h,) in db.execute("SELECT holder FROM leases WHERE holder LIKE 'volume:%'")}
+        finally:
+            db.close()
+    try:
+        for req in (publish_req(w), req_b):  # both publishes die after building the volume
+            bridge.start(env={faults.CRASH_ENV: "publish:after-volume"})
+            with CsiClient(bridge.socket) as c:
+                with pytest.raises(grpc.RpcError):
+                    c.node.NodePublishVolume(req)
+            assert bridge.wait_exit() == faults.EXIT_CODE
+        assert len(holders()) == 2
+        w.core.delete_namespaced_pod("owner-0", w.ns, grace_period_seconds=0)
+        wait_for(lambda: not [p for p in w.core.list_namespaced_pod(w.ns).items
+                              if p.metadata.name == "owner-0"], what="pod deleted")
+        bridge.args += ["--orphan-grace", "0"]
+        bridge.start()
+        wait_for(lambda: len(holders()) == 1, what="the deleted Pod's lease released")
+        assert not w.target.exists() and mountinfo.mounts_under(w.tmp) == []
+        with CsiClient(bridge.socket) as c:  # the live Pod's retry still completes
+            c.node.NodePublishVolume(req_b)
+        assert (t_b / "current" / "graph.onnx").read_bytes() == V1["graph.onnx"]
+        assert len(holders()) == 1
+    finally:
+        bridge.stop()
