@@ -160,3 +160,19 @@ def test_sigkill_during_background_fetch(env):
     with CsiClient(env.bridge.socket) as c:
         publish_until_ok(c, req, tries=400)
     assert (env.target / "current" / "model.safetensors").read_bytes() == big["model.safetensors"]
+
+
+def test_restart_after_mounts_vanished_remounts_and_drops_orphan_directories(env):
+    env.bridge.start()
+    with CsiClient(env.bridge.socket) as c:
+        publish_until_ok(c, env.req)
+    env.bridge.kill()
+    cleanup_mounts(env.target)  # as after a node reboot: records survive, mounts do not
+    orphan = env.bridge.root / "data" / "volumes" / "0123456789abcdef"
+    (orphan / "revisions").mkdir(parents=True)  # no record names it
+    assert mounts_at(env.target) == []
+    env.bridge.start()
+    assert [m.read_only for m in mounts_at(env.target)] == [True]
+    assert (env.target / "current" / "config.json").read_bytes() == FILES["config.json"]
+    assert not orphan.exists()
+    assert [d for _, d in leases(env)] == [env.digest]
