@@ -35,13 +35,13 @@ from pathlib import Path
 
 from .binaries import apt_install, cache_root
 from .oci_layout import ContainerConfig, Layer, pack_layer, write_image_layout
-from .rootfs import DEBIAN_PACKAGES, DPKG_OPTIONS, MIRROR, SUITE, VENV, build_rootfs_tar, python_requirements
+from .rootfs import DEBIAN_PACKAGES, DPKG_OPTIONS, MIRROR, SUITE, USER_ID, VENV, build_rootfs_tar, python_requirements
 from .wheel_layer import build_wheel, project_files, tree_digest, wheel_layer_tar
 
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = "2"          # bump when the way images are built changes
+RECIPE = "3"          # bump when the way images are built changes
 BUSYBOX = Path("/bin/busybox")
 BUSYBOX_APPLETS = ("sh", "sleep", "cat", "ls", "echo", "true", "false", "env", "id", "ps", "kill", "mount", "test")
 PAUSE_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
@@ -107,7 +107,7 @@ def _pip() -> Path:
 
 def base_key(repo: Path = REPO) -> str:
     requirements = python_requirements(repo / "pyproject.toml")
-    return _key(RECIPE, SUITE, MIRROR, DEBIAN_PACKAGES, DPKG_OPTIONS, requirements, sys.version_info[:2])
+    return _key(RECIPE, SUITE, MIRROR, DEBIAN_PACKAGES, DPKG_OPTIONS, USER_ID, requirements, sys.version_info[:2])
 
 
 def _base_layer(repo: Path, cache: Path) -> tuple[Layer, dict]:
@@ -128,8 +128,14 @@ def _base_layer(repo: Path, cache: Path) -> tuple[Layer, dict]:
     return layer, facts
 
 
-def _prune(cache: Path, keep: set[str]) -> None:
-    """Keep the newest project images (and their layers); delete older ones."""
+def _prune(cache: Path, keep: set[str], keep_base: str) -> None:
+    """Keep the newest project images (and their layers) and base layers; delete older ones."""
+    bases = sorted(cache.glob("base-*.tar.gz"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in bases[2:]:
+        key = old.name[len("base-"):-len(".tar.gz")]
+        if key != keep_base:
+            old.unlink(missing_ok=True)
+            (cache / f"base-{key}.json").unlink(missing_ok=True)
     layouts = sorted(cache.glob("resident-*.oci.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in layouts[KEEP_PROJECT_IMAGES:]:
         key = old.name[len("resident-"):-len(".oci.tar")]
@@ -165,9 +171,11 @@ def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Pa
             if "resident" not in scripts:
                 raise RuntimeError(f"the project wheel {wheel.name} has no 'resident' console script ({scripts})")
             app = pack_layer(app_tar, cache / f"app-{key}.tar.gz")
-        config = ContainerConfig(env=[f"PATH={PROJECT_PATH}", "PYTHONUNBUFFERED=1"], cmd=["resident", "--help"])
+        # like docker/Dockerfile's `resident` target: the chart passes only args to it
+        config = ContainerConfig(env=[f"PATH={PROJECT_PATH}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
+                                 entrypoint=["resident"], cmd=["--help"])
         write_image_layout(out, name, [base, app], config)
-        _prune(cache, keep={key})
+        _prune(cache, keep={key}, keep_base=base_key(repo))
     log.info("built project image", extra={"image": name, "seconds": round(time.monotonic() - began, 1)})
     return name, out
 

@@ -2,11 +2,12 @@
 project's PyPI dependencies, built with ``mmdebstrap`` from Debian's registry.
 
 ``mmdebstrap --variant=essential`` installs only the Essential packages plus what we
-name (python3, python3-venv, mount), without Recommends, with merged /usr and without man
+name (python3, python3-venv, mount, ca-certificates), without Recommends, with merged /usr and without man
 pages, docs (copyright files stay), locales or apt lists. A customize hook then makes a
 virtualenv at ``/opt/resident`` inside the new root and installs the project's
 dependencies into it from a wheelhouse downloaded on the host (``pip download`` with the
-host's pip, so the chroot needs no network). The project itself is *not* in this layer:
+host's pip, so the chroot needs no network), and adds the non-root ``resident`` user
+(10001:10001) that the Helm chart runs the operator and owners as. The project itself is *not* in this layer:
 it changes often and goes in a small layer of its own (:mod:`localcluster.wheel_layer`).
 """
 
@@ -24,7 +25,9 @@ log = logging.getLogger(__name__)
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-DEBIAN_PACKAGES = ("python3", "python3-venv", "mount")
+DEBIAN_PACKAGES = ("python3", "python3-venv", "mount", "ca-certificates")
+# the non-root user the chart runs the operator and owners as (runAsUser/runAsGroup)
+USER_ID = 10001
 VENV = "/opt/resident"
 DPKG_OPTIONS = (
     "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/info/*",
@@ -79,6 +82,8 @@ def build_rootfs_tar(out_tar: Path, requirements: list[str], pip: Path) -> dict:
             f'chroot "$1" {inside} {VENV}/bin/pip install -q --no-index --find-links /tmp/resident-wheels'
             ' -r /tmp/resident-wheels/requirements.txt',
             f'chroot "$1" {inside} {VENV}/bin/python -c {shlex.quote(probe)} > {shlex.quote(str(facts))}',
+            f'echo "resident:x:{USER_ID}:{USER_ID}::/nonexistent:/usr/sbin/nologin" >> "$1/etc/passwd"',
+            f'echo "resident:x:{USER_ID}:" >> "$1/etc/group"',
             'rm -rf "$1/tmp/resident-wheels" "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*.log',
         ]
         argv = [

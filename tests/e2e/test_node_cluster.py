@@ -128,14 +128,21 @@ def test_node_is_ready_and_reached_on_loopback(node):
 
 
 def test_project_image_runs_resident_help_in_a_host_network_pod(node, namespace):
+    """As the chart runs it: the non-root resident user (10001), read-only root file system."""
     core = client.CoreV1Api(node.api_client())
-    core.create_namespaced_pod(namespace, host_network_pod("help", node.project_image_name, ["resident", "--help"]))
+    pod = host_network_pod("help", node.project_image_name, ["sh", "-c", "id -u; exec resident --help"])
+    pod.spec.containers[0].security_context = client.V1SecurityContext(
+        run_as_user=10001, run_as_group=10001, run_as_non_root=True, read_only_root_filesystem=True,
+        allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"]))
+    core.create_namespaced_pod(namespace, pod)
     pod = wait_phase(core, namespace, "help", {"Succeeded", "Failed"})
     logs = core.read_namespaced_pod_log("help", namespace)   # API server -> kubelet, over loopback
     assert pod.status.phase == "Succeeded", logs
-    assert logs.startswith("usage: resident <command>")
+    uid, _, usage = logs.partition("\n")
+    assert uid == "10001"
+    assert usage.startswith("usage: resident <command>")
     for command in ("bundle", "bridge", "owner", "operator"):
-        assert f"  {command}" in logs
+        assert f"  {command}" in usage
 
 
 def test_host_network_pod_serves_on_loopback(node, namespace):

@@ -1,0 +1,177 @@
+"""Pure parts of the local node: OCI layout documents and tarballs, the wheel layer, the
+kubelet and containerd configuration builders."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from localcluster.containerd import containerd_config
+from localcluster.kubelet import kubelet_argv, kubelet_config, resolves_to_loopback
+from localcluster.oci_layout import (ContainerConfig, OciLayoutError, check_image_name, image_documents, image_names,
+                                     pack_layer, write_image_layout)
+from localcluster.wheel_layer import ProjectTreeError, console_scripts, launcher, tree_digest, wheel_layer_tar
+
+
+def make_tar(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_pack_layer_digests_are_those_of_the_bytes(tmp_path):
+    src = make_tar(tmp_path / "l.tar", {"bin/hello": b"hi\n"})
+    layer = pack_layer(src, tmp_path / "l.tar.gz")
+    assert layer.diff_id == "sha256:" + hashlib.sha256(src.read_bytes()).hexdigest()
+    assert layer.digest == "sha256:" + hashlib.sha256(layer.path.read_bytes()).hexdigest()
+    assert layer.size == layer.path.stat().st_size
+    again = pack_layer(src, tmp_path / "again.tar.gz")
+    assert again.digest == layer.digest   # deterministic: gzip mtime 0
+
+
+def test_pack_layer_refuses_a_non_tar(tmp_path):
+    bad = tmp_path / "x.tar"
+    bad.write_bytes(b"not a tar")
+    with pytest.raises(OciLayoutError, match="not a tar"):
+        pack_layer(bad, tmp_path / "x.tar.gz")
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+@pytest.mark.parametrize("name", ["resident:latest", "Resident.local/x:1", "resident.local/x", "a.b/x:"])
+def test_bad_image_names_are_refused(name):
+    with pytest.raises(OciLayoutError, match="bad image name"):
+        check_image_name(name)
+
+
+def test_image_documents_reference_config_and_layers(tmp_path):
+    layer = pack_layer(make_tar(tmp_path / "l.tar", {"a": b"1"}), tmp_path / "l.tar.gz")
+    index, blobs = image_documents("resident.local/resident:abc", [layer],
+                                   ContainerConfig(env=["PATH=/bin"], entrypoint=["resident"], cmd=["--help"]))
+    entry = index["manifests"][0]
+    assert entry["annotations"]["io.containerd.image.name"] == "resident.local/resident:abc"
+    manifest = json.loads(blobs[entry["digest"]])
+    config = json.loads(blobs[manifest["config"]["digest"]])
+    assert manifest["layers"][0]["digest"] == layer.digest
+    assert config["rootfs"]["diff_ids"] == [layer.diff_id]
+    assert config["config"] == {"Env": ["PATH=/bin"], "Entrypoint": ["resident"], "Cmd": ["--help"],
+                                "WorkingDir": "/"}
+    for digest, data in blobs.items():
+        assert digest == "sha256:" + hashlib.sha256(data).hexdigest()
+    with pytest.raises(OciLayoutError, match="at least one layer"):
+        image_documents("resident.local/resident:abc", [], ContainerConfig())
+
+
+def test_layout_tarball_round_trip(tmp_path):
+    layer = pack_layer(make_tar(tmp_path / "l.tar", {"a": b"1"}), tmp_path / "l.tar.gz")
+    out = write_image_layout(tmp_path / "img.tar", "resident.local/t:1", [layer], ContainerConfig(cmd=["/a"]))
+    assert image_names(out) == ["resident.local/t:1"]
+    with tarfile.open(out) as tar:
+        names = set(tar.getnames())
+        assert {"oci-layout", "index.json", f"blobs/sha256/{layer.digest.split(':')[1]}"} <= names
+        blob = tar.extractfile(f"blobs/sha256/{layer.digest.split(':')[1]}").read()
+    assert blob == layer.path.read_bytes()
+
+
+def test_image_names_explains_what_is_wrong(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        image_names(tmp_path / "none.tar")
+    unnamed = tmp_path / "unnamed.tar"
+    make_tar(unnamed, {"oci-layout": b'{"imageLayoutVersion":"1.0.0"}',
+                       "index.json": json.dumps({"manifests": [{"digest": "sha256:00"}]}).encode()})
+    with pytest.raises(OciLayoutError, match="io.containerd.image.name"):
+        image_names(unnamed)
+    foreign = make_tar(tmp_path / "foreign.tar", {"hello": b"x"})
+    with pytest.raises(OciLayoutError, match="not an OCI image layout"):
+        image_names(foreign)
+
+
+def make_wheel(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in members.items():
+            wheel.writestr(name, data)
+    return path
+
+
+def test_wheel_layer_installs_files_and_console_scripts(tmp_path):
+    wheel = make_wheel(tmp_path / "resident-0.1.0-py3-none-any.whl", {
+        "resident_cli.py": b"def main(): return 0\n",
+        "bundle/__init__.py": b"",
+        "resident-0.1.0.dist-info/entry_points.txt": b"[console_scripts]\nresident = resident_cli:main\n",
+    })
+    scripts = wheel_layer_tar(wheel, "/opt/resident", "/opt/resident/lib/python3.11/site-packages", tmp_path / "a.tar")
+    assert scripts == ["resident"]
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert "opt/resident/lib/python3.11/site-packages/bundle/__init__.py" in members
+        script = tar.extractfile("opt/resident/bin/resident").read().decode()
+    assert script.startswith("#!/opt/resident/bin/python\n") and "from resident_cli import main" in script
+    assert members["opt/resident/bin/resident"].mode == 0o755
+    assert members["usr/local/bin/resident"].linkname == "/opt/resident/bin/resident"
+
+
+def test_wheel_layer_refuses_escaping_members_and_foreign_site_packages(tmp_path):
+    evil = make_wheel(tmp_path / "evil-1-py3-none-any.whl", {"../../etc/passwd": b"x"})
+    with pytest.raises(ProjectTreeError, match="cannot be installed"):
+        wheel_layer_tar(evil, "/opt/resident", "/opt/resident/lib/python3.11/site-packages", tmp_path / "e.tar")
+    ok = make_wheel(tmp_path / "ok-1-py3-none-any.whl", {"m.py": b""})
+    with pytest.raises(ProjectTreeError, match="not inside the venv"):
+        wheel_layer_tar(ok, "/opt/resident", "/usr/lib/python3/dist-packages", tmp_path / "o.tar")
+
+
+def test_launcher_and_entry_points():
+    assert launcher("/v", "pkg.mod:main").decode().splitlines() == [
+        "#!/v/bin/python", "import sys", "from pkg.mod import main", "sys.exit(main())"]
+    with zipfile.ZipFile(io.BytesIO(), "w") as empty:
+        assert console_scripts(empty) == {}
+
+
+def test_tree_digest_changes_with_content_mode_and_path(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    first = tree_digest(tmp_path, ["a.py"])
+    assert tree_digest(tmp_path, ["a.py"]) == first
+    (tmp_path / "a.py").write_text("x = 2\n")
+    changed = tree_digest(tmp_path, ["a.py"])
+    assert changed != first
+    (tmp_path / "a.py").chmod(0o755)
+    assert tree_digest(tmp_path, ["a.py"]) != changed
+    (tmp_path / "a.py").rename(tmp_path / "b.py")
+    assert tree_digest(tmp_path, ["b.py"]) not in (first, changed)
+
+
+def test_kubelet_listens_only_on_loopback_and_refuses_anonymous(tmp_path):
+    config = kubelet_config(10250, 10248, tmp_path / "ca.crt")
+    assert config["address"] == "127.0.0.1" and config["healthzBindAddress"] == "127.0.0.1"
+    assert config["readOnlyPort"] == 0
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["authentication"]["x509"]["clientCAFile"] == str(tmp_path / "ca.crt")
+    assert config["makeIPTablesUtilChains"] is False
+    argv = kubelet_argv(Path("/b/kubelet"), tmp_path / "k.yaml", "/kc", "vm", Path("/run/c.sock"), "p:1")
+    assert "--root-dir=/var/lib/kubelet" in argv and "--hostname-override=vm" in argv
+    assert "--container-runtime-endpoint=unix:///run/c.sock" in argv
+    assert not any(a.startswith("--node-ip") for a in argv)
+
+
+def test_loopback_names():
+    assert resolves_to_loopback("localhost")
+    assert not resolves_to_loopback("no-such-host.invalid")
+
+
+def test_containerd_config_has_the_settings_this_machine_needs(tmp_path):
+    text = containerd_config(Path("/r"), Path("/s"), Path("/s/c.sock"), "resident.local/pause:1", tmp_path)
+    assert 'sandbox_image = "resident.local/pause:1"' in text
+    assert "restrict_oom_score_adj = true" in text
+    assert 'stream_server_address = "127.0.0.1"' in text
+    assert f'conf_dir = "{tmp_path}"' in text
+    import tomllib
+
+    parsed = tomllib.loads(text)
+    assert parsed["grpc"]["address"] == "/s/c.sock"
