@@ -198,9 +198,9 @@ class PlayedNode:
         return self.workdir / "volumes" / pod_uid
 
     def sync(self) -> None:
-        for pod in self.api.pods():
-            if pod.spec.node_name == self.name:
-                self._sync_pod(pod)
+        pods = [p for p in self.api.pods() if p.spec.node_name == self.name]
+        for pod in sorted(pods, key=lambda p: p.metadata.deletion_timestamp is None):
+            self._sync_pod(pod)   # terminating Pods first: a successor may need the port
         for bd in self.api.deliveries():
             if bd["spec"]["nodeName"] == self.name:
                 self._sync_delivery(bd)

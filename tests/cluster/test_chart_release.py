@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installed package
@@ -276,56 +275,6 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
             assert not can("bridge", verb, resource), (verb, resource)
     finally:
         helm.uninstall(release)
-
-
-SERVICE_MONITOR_CRD = {  # the shape of prometheus-operator's CRD, reduced to what is needed
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-             "names": {"kind": "ServiceMonitor", "plural": "servicemonitors",
-                       "singular": "servicemonitor", "listKind": "ServiceMonitorList"},
-             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
-                 "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
-}
-
-
-def test_fresh_cluster_gets_crds_from_the_chart_and_keep_false_removes_them():
-    """On its own control plane (no CRDs installed): the chart's CRDs serve a first
-    ResidentModel, ServiceMonitors select the metrics Services, and with crds.keep=false
-    uninstall deletes the CRDs too."""
-    from localcluster.controlplane import ControlPlane
-
-    with ControlPlane() as cp:
-        assert json.loads(cp.kubectl("get", "crd", "-o", "json").stdout)["items"] == []
-        cp.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
-        wait_for("the ServiceMonitor CRD", lambda: cp.kubectl(
-            "get", "servicemonitors", check=False).returncode == 0)
-        helm = Helm(cp.kubeconfig, "default")
-        helm.install("fresh", {"crds": {"keep": False},
-                               "metrics": {"serviceMonitor": {"enabled": True, "labels": {"team": "ml"}}}})
-        services = {s["metadata"]["name"]: s for s in items(cp, "services", f"{INSTANCE}=fresh", "default")}
-        monitors = items(cp, "servicemonitors", f"{INSTANCE}=fresh", "default")
-        assert len(monitors) == 2 and all(m["metadata"]["labels"]["team"] == "ml" for m in monitors)
-        for monitor in monitors:
-            wanted = monitor["spec"]["selector"]["matchLabels"]
-            matched = [n for n, svc in services.items()
-                       if wanted.items() <= svc["metadata"]["labels"].items()]
-            assert len(matched) == 1 and monitor["spec"]["endpoints"][0]["port"] == "metrics"
-        for name in CRDS:
-            wait_for(f"{name} Established", lambda: any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in get(cp, "crd", name).get("status", {}).get("conditions", [])))
-            assert "annotations" not in get(cp, "crd", name)["metadata"] or \
-                "helm.sh/resource-policy" not in get(cp, "crd", name)["metadata"]["annotations"]
-        model = yaml.safe_load((REPO / "examples" / "residentmodel.yaml").read_text())
-        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
-        assert get(cp, "residentmodel", model["metadata"]["name"])["spec"]["replicas"] == 1
-        helm.uninstall("fresh")
-        wait_for("the chart's CRDs to be deleted", lambda: [c["metadata"]["name"] for c in get(
-            cp, "crd")["items"]] == ["servicemonitors.monitoring.coreos.com"])
-        assert items(cp, CLUSTER_KINDS, f"{INSTANCE}=fresh") == []
-        assert items(cp, "servicemonitors,services,deployments,daemonsets", f"{INSTANCE}=fresh",
-                     "default") == []
 
 
 def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):

@@ -1,0 +1,236 @@
+"""Transitions end to end: real API server, real operator (KopfRunner), real owner runtime.
+
+There is no kubelet or bridge in this cluster yet, so :class:`PlayedNode` (see
+conftest_operator.py) plays both on 127.0.0.1: it runs the real owner HTTP server on the
+bundle volume it staged, reports Pod readiness from the owner's /readyz, and stages
+BundleDeliveries into that volume. Everything the operator sees is real API objects and
+real owner answers.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bundle.demo import make_demo, make_revision
+from localcluster.processes import free_port
+from owner.backends.cpu import CpuBackend
+
+from conftest_operator import Api, PlayedNode, condition, running_operator, wait_for
+
+SIZE, CHUNK = 256 * 1024, 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """Demo revisions: base, rows (in-place), graph (graph-only of rows), bad (corrupt)."""
+    root = tmp_path_factory.mktemp("bundles")
+    d = {"base": make_demo(root / "base", SIZE, seed=3, chunk_size=CHUNK).digest,
+         "rows": make_revision(root / "base", root / "rows", "rows", seed=4, fraction=0.05,
+                               chunk_size=CHUNK).digest,
+         "graph": make_revision(root / "rows", root / "graph", "graph", chunk_size=CHUNK).digest,
+         "bad": make_revision(root / "base", root / "bad", "rows", seed=6, fraction=0.05,
+                              chunk_size=CHUNK).digest}
+    weights = root / "bad" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF                       # corrupt after the manifest was written
+    weights.write_bytes(bytes(data))
+    return root, d
+
+
+def spec_for(bundles, name, port, **over):
+    root, d = bundles
+    spec = {"bundle": {"source": f"file://{root / name}", "digest": d[name]},
+            "runtime": {"port": port}, "transition": {"timeoutSeconds": 60}}
+    spec.update(over)
+    return spec
+
+
+def status(api, name="lm"):
+    return (api.model(name) or {}).get("status") or {}
+
+
+def ready_on(api, digest, name="lm"):
+    s = status(api, name)
+    return s.get("phase") == "Ready" and (s.get("identity") or {}).get("bundle") == digest and s
+
+
+def last_result(api, name="lm"):
+    return (status(api, name).get("lastTransition") or {}).get("result")
+
+
+def deliveries(api):
+    return [bd for bd in api.deliveries() if not bd["metadata"].get("deletionTimestamp")]
+
+
+@pytest.fixture
+def node(cluster, namespace, tmp_path):
+    with PlayedNode(cluster, namespace, tmp_path) as n:
+        yield n
+    assert not n.errors, n.errors[-1]
+
+
+def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        s = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
+        assert s["ready"] == "1/1"
+        owner, = s["owners"]
+        assert (owner["node"], owner["ready"], owner["state"]) == ("node-a", True, "ready")
+        assert all(condition({"status": s}, t)["status"] == "True" for t in ("Delivered", "Resident", "Ready"))
+        pod_uid = owner["uid"]
+
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+        wait_for(lambda: last_result(api) == "succeeded", what="the rows transition")
+        s = wait_for(lambda: ready_on(api, d["rows"]), what="Ready on rows")
+        lt = s["lastTransition"]
+        assert (lt["from"], lt["to"], lt["strategy"], lt["path"]) == (d["base"], d["rows"], "InPlace", "WholeBundle")
+        assert lt["predicted"]["bytes"]["fetch"] > 0 and lt["durations"]["totalSeconds"] > 0
+        assert s["owners"][0]["uid"] == pod_uid            # same Pod, model updated in place
+        assert condition({"status": s}, "Transitioning")["reason"] == "TransitionSucceeded"
+        assert len(node.owner_of(pod_uid).transitions) == 1
+        bd, = deliveries(api)
+        assert bd["spec"]["podUID"] == pod_uid and bd["spec"]["bundle"]["digest"] == d["rows"]
+        assert bd["status"]["phase"] == "Staged" and bd["spec"]["donor"] == d["base"]
+
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "graph", port)["bundle"]})
+        s = wait_for(lambda: ready_on(api, d["graph"]), what="Ready on graph")
+        lt = s["lastTransition"]
+        assert (lt["path"], lt["method"], lt["strategy"], lt["result"]) == ("GraphOnly", "reconstruct", "Reload", "succeeded") \
+            or (lt["path"], lt["strategy"]) == ("GraphOnly", "Reload")
+        # the rows revision's delivery was released once the owner verified the graph revision
+        bd, = wait_for(lambda: len(api.deliveries()) == 1 and api.deliveries(), what="old delivery released")
+        assert bd["spec"]["bundle"]["digest"] == d["graph"]
+        reasons = api.reasons("lm")
+        for r in ("OwnerPodCreated", "ModelReady", "TransitionPlanned", "DeliveryCreated", "DeliveryStaged",
+                  "OwnerTransitionStarted", "OwnerTransitionApplied", "IdentityVerified",
+                  "OldRevisionReleased", "TransitionSucceeded"):
+            assert r in reasons, (r, reasons)
+        described = cluster.kubectl("describe", "rm", "lm", "-n", namespace).stdout
+        assert "TransitionSucceeded" in described and "DeliveryStaged" in described
+
+        api.delete_model("lm")
+        wait_for(lambda: api.model("lm") is None, what="the model to go (finalizer removed)")
+        assert api.deliveries() == [] and api.pods("resident.dev/model=lm") == []
+
+
+def test_failed_delivery_keeps_the_old_identity_and_degrades(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        pod_uid = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")["owners"][0]["uid"]
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "bad", port)["bundle"]})
+        wait_for(lambda: last_result(api) == "failed", what="the transition to fail")
+        s = wait_for(lambda: condition(api.model("lm"), "Degraded").get("status") == "True" and status(api),
+                     what="Degraded")
+        deg = condition({"status": s}, "Degraded")
+        assert deg["reason"] == "DeliveryFailed" and "integrity mismatch" in deg["message"]
+        assert s["phase"] == "Degraded" and s["identity"]["bundle"] == d["base"]
+        assert s["lastTransition"]["failedOwner"].startswith("lm-owner-0")
+        assert node.owner_of(pod_uid).transitions == {}       # the owner was never asked
+        wait_for(lambda: deliveries(api) == [], what="the failed delivery to be released")
+        assert {"DeliveryFailed", "TransitionFailed"} <= set(api.reasons("lm"))
+
+
+def test_in_place_refused_for_a_graph_change_touches_nothing(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "rows", port, transition={"strategy": "InPlace"}))
+        wait_for(lambda: ready_on(api, d["rows"]), what="Ready on rows")
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "graph", port)["bundle"]})
+        s = wait_for(lambda: condition(api.model("lm"), "Degraded").get("reason") == "InPlaceNotPossible"
+                     and status(api), what="InPlaceNotPossible")
+        assert "graph changed" in condition({"status": s}, "Degraded")["message"]
+        assert api.deliveries() == [] and s["identity"]["bundle"] == d["rows"]
+        assert "transition" not in s
+
+
+def test_transition_times_out_when_the_delivery_never_stages(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port, transition={"timeoutSeconds": 3}))
+        wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
+        node.stage_deliveries.clear()
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+        wait_for(lambda: last_result(api) == "failed", what="the timeout")
+        s = status(api)
+        assert s["lastTransition"]["reason"] == "Timeout"
+        assert condition({"status": s}, "Degraded")["reason"] == "Timeout"
+        wait_for(lambda: deliveries(api) == [], what="the stuck delivery to be released")
+
+
+class QuarantiningCpuBackend(CpuBackend):
+    """Test-only: an in-place update applies, then releasing its staged buffer fails, so the
+    owner quarantines itself (the owner's own rule); fresh loads work normally."""
+
+    def release_staged(self, update):
+        raise RuntimeError("injected: staged buffer still pinned")
+
+
+def test_quarantined_owner_is_replaced_on_the_target(cluster, namespace, tmp_path, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with PlayedNode(cluster, namespace, tmp_path, backend=QuarantiningCpuBackend) as node, \
+            running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        old_uid = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")["owners"][0]["uid"]
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+        s = wait_for(lambda: ready_on(api, d["rows"]), timeout=60, what="Ready on rows via a new Pod")
+        assert s["lastTransition"]["result"] == "succeeded" and s["lastTransition"]["replaced"] == 1
+        new, = s["owners"]
+        assert new["uid"] != old_uid and new["pod"] == "lm-owner-0-r1"
+        pod, = [p for p in api.pods("resident.dev/model=lm") if not p.metadata.deletion_timestamp]
+        csi = next(v.csi for v in pod.spec.volumes if v.csi)
+        assert csi.volume_attributes["digest"] == d["rows"]
+        assert "OwnerReplaced" in api.reasons("lm")
+        children = {c["uid"] for c in status(api)["children"]}
+        assert old_uid not in children and pod.metadata.uid in children
+
+
+def test_restart_mid_transition_resumes_without_duplicates(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        pod_uid = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")["owners"][0]["uid"]
+        node.stage_deliveries.clear()
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+        wait_for(lambda: deliveries(api), what="the delivery to be created")
+        wait_for(lambda: (status(api).get("transition") or {}).get("owners", [{}])[0].get("step") == "Delivering",
+                 what="the owner step Delivering to be recorded")
+    # the operator is stopped mid-transition; the bridge stages meanwhile
+    node.stage_deliveries.set()
+    wait_for(lambda: (deliveries(api)[0].get("status") or {}).get("phase") == "Staged", what="staged")
+    with running_operator(namespace):
+        s = wait_for(lambda: ready_on(api, d["rows"]), what="Ready on rows after the restart")
+    assert s["lastTransition"]["result"] == "succeeded" and s["owners"][0]["uid"] == pod_uid
+    assert len(api.deliveries()) == 1
+    assert len(node.owner_of(pod_uid).transitions) == 1
+    assert api.reasons("lm").count("TransitionPlanned") == 1
+    assert api.reasons("lm").count("DeliveryCreated") == 1
+
+
+def test_spec_change_during_a_transition_is_queued(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
+        node.stage_deliveries.clear()
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+        wait_for(lambda: deliveries(api), what="the first delivery")
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "graph", port)["bundle"]})
+        s = wait_for(lambda: (status(api).get("pendingTransition") or {}).get("to") == d["graph"] and status(api),
+                     what="the queued transition")
+        assert s["transition"]["to"] == d["rows"]
+        assert [bd["spec"]["bundle"]["digest"] for bd in deliveries(api)] == [d["rows"]]
+        node.stage_deliveries.set()
+        s = wait_for(lambda: ready_on(api, d["graph"]), timeout=45, what="Ready on graph after rows")
+        assert s["lastTransition"]["from"] == d["rows"] and not s.get("pendingTransition")
+        assert "TransitionQueued" in api.reasons("lm")
