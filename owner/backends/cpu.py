@@ -17,7 +17,7 @@ import numpy as np
 from bundle.demo import tensor_shapes
 from bundle.manifest import Role
 
-from .. import inplace
+from .. import admission, inplace
 from ..decoder import Decoder, bf16_to_f32, f32_to_bf16_bits
 from ..graph import CompiledGraph, GraphError, compile_graph
 from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
@@ -115,7 +115,7 @@ class CpuBackend:
     def stage_in_place(self, revision: Revision) -> StagedUpdate:
         if self.revision is None:
             raise BackendError("no model is loaded")
-        return inplace.stage(self, self.revision.manifest, revision)
+        return admission.stage(self, self.revision.manifest, revision)
 
     def apply_in_place(self, update: StagedUpdate) -> ApplyReport:
         try:

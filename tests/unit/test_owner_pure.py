@@ -14,7 +14,8 @@ from owner import api
 from owner.backends import BackendError, BackendUnavailable, create_backend
 from owner.decoder import bf16_to_f32, f32_to_bf16_bits
 from owner.graph import GraphError, compile_graph
-from owner.inplace import ChangedRange, NeedsReload, plan_ranges
+from owner.admission import plan_ranges
+from owner.inplace import ChangedRange, NeedsReload
 from owner.safetensors_layout import LayoutError, parse_layout
 
 H = "0" * 64

@@ -1,0 +1,136 @@
+"""In-place admission and staging: which bytes change, and may they change in place?
+
+Admission reads the manifest diff first: graph, config and tokenizer files must be
+identical and every weights file must keep its path and size; otherwise the answer is
+"needs reload". The changed chunks of the weights files are then read from the target
+revision and hash-checked against the target manifest, and every differing byte is
+mapped through the safetensors header onto tensors and rows. Only rows of admissible
+tensors (projections, LM head) with an unchanged header (so unchanged shapes, dtypes and
+offsets) may differ. The result is a :class:`~owner.inplace.StagedUpdate` of row patches,
+decided before a single live byte changes. Old bytes come from the live weights, not from
+the old revision's files.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from bundle.demo import is_admissible
+from bundle.manifest import Manifest, Role
+
+from .inplace import ChangedRange, NeedsReload, RangeCheck, RowStore, StagedUpdate, TensorPatch
+from .revisions import Revision, read_range_verified
+from .safetensors_layout import Layout
+
+
+def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout]) -> list[ChangedRange]:
+    """Chunks of weights files that differ; raise NeedsReload for anything else that does."""
+    def others(m: Manifest) -> set:
+        return {(f.path, f.sha256, f.role) for f in m.files if f.role != Role.weights}
+
+    if others(current) != others(target):
+        raise NeedsReload("graph, config or tokenizer files differ; only a reload can apply them")
+    cur, tgt = current.by_path(), target.by_path()
+    cur_w = {p for p, f in cur.items() if f.role == Role.weights}
+    tgt_w = {p for p, f in tgt.items() if f.role == Role.weights}
+    if cur_w != tgt_w:
+        raise NeedsReload("the set of weights files differs")
+    ranges = []
+    for path in sorted(tgt_w):
+        a, b = cur[path], tgt[path]
+        if a.sha256 == b.sha256:
+            continue
+        if a.size != b.size:
+            raise NeedsReload(f"{path}: size changes from {a.size} to {b.size}")
+        if path not in layouts:
+            raise NeedsReload(f"{path}: the backend holds no layout for this weights file")
+        if not b.chunks:
+            ranges.append(ChangedRange(path, 0))
+        elif current.chunk_size == target.chunk_size and a.chunks:
+            ranges += [ChangedRange(path, i) for i, (x, y) in enumerate(zip(a.chunks, b.chunks)) if x != y]
+        else:
+            ranges += [ChangedRange(path, i) for i in range(len(b.chunks))]
+    return ranges
+
+
+def _stage_tensor(store: RowStore, slot, a: int, b: int, new: bytes,
+                  pending: dict[str, dict[int, np.ndarray]]) -> None:
+    """Record the rows of ``slot`` whose bytes in file range a..b differ from the live ones."""
+    rb = slot.row_bytes
+    r0, r1 = (a - slot.start) // rb, -(-(b - slot.start) // rb)
+    rows = np.arange(r0, r1)
+    live = store.read_rows(slot.name, rows) if len(slot.shape) == 2 else None
+    if live is None:
+        old = store.tensor_bytes(slot.name, a - slot.start, b - slot.start)
+        if old != new:
+            raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place")
+        return
+    start = (a - slot.start) - r0 * rb
+    old = live.view(np.uint8).reshape(-1)[start:start + (b - a)]
+    incoming = np.frombuffer(new, dtype=np.uint8)
+    differ = np.nonzero(old != incoming)[0]
+    if differ.size == 0:
+        return
+    if not is_admissible(slot.name) or slot.dtype != "BF16":
+        raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place "
+                          "(only BF16 rows of projection and LM-head tensors are)")
+    mine = pending.setdefault(slot.name, {})
+    for j in np.unique((differ + start) // rb):
+        row = int(rows[j])
+        value = mine.get(row, live[j]).copy()
+        lo, hi = max(start, j * rb), min(start + (b - a), (j + 1) * rb)  # this row's bytes in range
+        value.view(np.uint8)[lo - j * rb:hi - j * rb] = incoming[lo - start:hi - start]
+        mine[row] = value
+    # a row split across two chunks: the part in an unchanged range keeps its live bytes
+
+
+def _read_ranges(target: Revision, ranges: list[ChangedRange], ahead: int = 4):
+    """Yield the changed chunks, hash-checked, reading and hashing up to ``ahead`` at once on
+    two threads (hashlib releases the GIL) so admission can stop early without reading all."""
+    entries = target.manifest.by_path()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = []
+        for i in range(len(ranges)):
+            while len(futures) < ahead and i + len(futures) < len(ranges):
+                r = ranges[i + len(futures)]
+                futures.append(pool.submit(read_range_verified, target, entries[r.path], r.index))
+            try:
+                yield futures.pop(0).result()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+
+
+def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
+    """Read and hash-check the changed chunks of ``target``; return the row patches."""
+    layouts = store.layouts()
+    ranges = plan_ranges(current, target.manifest, layouts)
+    pending: dict[str, dict[int, np.ndarray]] = {}
+    checks, baseline, total = [], [], 0
+    entries = target.manifest.by_path()
+    for rng, data in zip(ranges, _read_ranges(target, ranges)):
+        entry, layout = entries[rng.path], layouts[rng.path]
+        off = rng.index * target.manifest.chunk_size if entry.chunks else 0
+        end = off + len(data)
+        total += len(data)
+        digest = entry.chunks[rng.index] if entry.chunks else entry.sha256  # just verified equal
+        checks.append(RangeCheck(rng.path, off, len(data), digest))
+        before = current.by_path()[rng.path]
+        if current.chunk_size == target.manifest.chunk_size and bool(before.chunks) == bool(entry.chunks):
+            old_digest = before.chunks[rng.index] if before.chunks else before.sha256
+            baseline.append(RangeCheck(rng.path, off, len(data), old_digest))
+        if off < layout.data_start:
+            n = min(end, layout.data_start) - off
+            if data[:n] != layout.header[off:off + n]:
+                raise NeedsReload(f"{rng.path}: the safetensors header (tensor layout) changed")
+        for slot in layout.overlapping(off, end):
+            a, b = max(off, slot.start), min(end, slot.end)
+            _stage_tensor(store, slot, a, b, data[a - off:b - off], pending)
+    patches = []
+    for name, rows in sorted(pending.items()):
+        order = sorted(rows)
+        patches.append(TensorPatch(name, np.asarray(order, dtype=np.int64), np.stack([rows[r] for r in order])))
+    return StagedUpdate(target, patches, checks, total, baseline)
