@@ -65,6 +65,7 @@ def short_tmp():
         yield path
     finally:
         cleanup_mounts(path)
+        assert mountinfo.mounts_under(path) == []  # never delete through a mount
         shutil.rmtree(path, ignore_errors=True)
 
 
