@@ -20,6 +20,7 @@ from . import naming
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import OwnerView, owner_view
+from .transition import BROKEN_STATES
 from .owner_client import OwnerClient, OwnerUnreachable
 from .placement import build_owner_pod, build_token_secret, new_token
 from .spec import ModelSpec
@@ -117,6 +118,25 @@ def ensure_owner_pods(ctx: ModelContext, state: ModelState, spec: ModelSpec,
                 ctx.event("OwnerPodDeleted", f"deleted owner Pod {meta['name']}: "
                                              f"spec.replicas is {spec.replicas}")
     return pods
+
+
+def replace_broken_owners(ctx: ModelContext, state: ModelState, spec: ModelSpec,
+                          views: list[OwnerView]) -> list[OwnerView]:
+    """Outside transitions: a quarantined or unloaded owner gets a new Pod on the committed
+    revision (the old one is deleted by UID). Returns the views still standing."""
+    kept = []
+    for v in views:
+        if v.state not in BROKEN_STATES or v.terminating:
+            kept.append(v)
+            continue
+        ctx.kube.delete(ctx.namespace, "Pod", v.pod, v.uid)
+        pod = create_owner_pod(ctx, state, spec, v.slot, state.bundle["digest"],
+                               state.bundle["source"], new_incarnation=True)
+        ctx.event("OwnerReplaced", f"owner {v.pod} is {v.state}; replaced by "
+                                   f"{pod['metadata']['name']} on {state.bundle['digest'][:19]}",
+                  warning=True)
+        kept.append(owner_view(pod))
+    return kept
 
 
 def owner_address(ctx: ModelContext, pod: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from . import metrics
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import derive_status
-from .owners import ensure_owner_pods, ensure_token, observe_owners
+from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
 from .rollout import step_transition
 from .spec import SpecError, parse_spec, spec_problems
 
@@ -56,6 +56,8 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     managed = {o.slot for o in state.transition.owners} if state.transition else set()
     pods = ensure_owner_pods(ctx, state, spec, managed)
     views = observe_owners(ctx, pods, spec)
+    if state.transition is None:
+        views = replace_broken_owners(ctx, state, spec, views)
     blocker = step_transition(ctx, state, spec, views)
     report(ctx, derive_status(replicas=spec.replicas, owners=views, problems=[],
                               transition=state.transition, last_transition=state.last_transition,

@@ -62,6 +62,7 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         m = wait_for(lambda: (api.model("npu-lm").get("status") or {}).get("ready") == "0/2"
                      and api.model("npu-lm"), what="status.ready 0/2")
         assert m["status"]["phase"] == "Pending" and m["status"]["observedGeneration"] == 1
+        assert "resident.dev/cleanup" in m["metadata"]["finalizers"]
         assert condition(m, "Ready")["status"] == "False" and condition(m, "Degraded")["status"] == "False"
         table = cluster.kubectl("get", "rm", "-n", namespace).stdout
         assert table.split("\n")[0].split() == ["NAME", "PHASE", "BUNDLE", "READY", "AGE"]

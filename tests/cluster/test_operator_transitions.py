@@ -16,6 +16,7 @@ import pytest
 from bundle.demo import make_demo, make_revision
 from localcluster.processes import free_port
 from owner.backends.cpu import CpuBackend
+from resident_operator.metrics import REGISTRY
 
 from conftest_operator import Api, PlayedNode, condition, running_operator, wait_for
 
@@ -37,6 +38,12 @@ def bundles(tmp_path_factory):
     data[-1] ^= 0xFF                       # corrupt after the manifest was written
     weights.write_bytes(bytes(data))
     return root, d
+
+
+def transition_samples(strategy, path, phase="total"):
+    value = REGISTRY.get_sample_value("resident_transition_duration_seconds_count",
+                                      {"strategy": strategy, "path": path, "phase": phase})
+    return int(value or 0)
 
 
 def spec_for(bundles, name, port, **over):
@@ -83,8 +90,10 @@ def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, nod
         assert all(condition({"status": s}, t)["status"] == "True" for t in ("Delivered", "Resident", "Ready"))
         pod_uid = owner["uid"]
 
+        before = transition_samples("InPlace", "WholeBundle")
         api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
         wait_for(lambda: last_result(api) == "succeeded", what="the rows transition")
+        assert transition_samples("InPlace", "WholeBundle") == before + 1   # the operator runs in-process
         s = wait_for(lambda: ready_on(api, d["rows"]), what="Ready on rows")
         lt = s["lastTransition"]
         assert (lt["from"], lt["to"], lt["strategy"], lt["path"]) == (d["base"], d["rows"], "InPlace", "WholeBundle")
@@ -234,3 +243,18 @@ def test_spec_change_during_a_transition_is_queued(cluster, namespace, node, bun
         s = wait_for(lambda: ready_on(api, d["graph"]), timeout=45, what="Ready on graph after rows")
         assert s["lastTransition"]["from"] == d["rows"] and not s.get("pendingTransition")
         assert "TransitionQueued" in api.reasons("lm")
+
+
+def test_quarantined_owner_outside_a_transition_is_replaced(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        old_uid = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")["owners"][0]["uid"]
+        # fault injection: the real owner reports itself quarantined (as after a failed release)
+        node.owner_of(old_uid).set_state("quarantined", "injected by the test")
+        s = wait_for(lambda: (ready_on(api, d["base"]) or {}).get("owners", [{}])[0].get("uid") not in (None, old_uid)
+                     and ready_on(api, d["base"]), what="a replacement owner on base")
+        assert s["owners"][0]["pod"] == "lm-owner-0-r1"
+        replaced = [m for kind, name, reason, m in api.all_events() if reason == "OwnerReplaced"]
+        assert len(replaced) == 1 and "is quarantined" in replaced[0]

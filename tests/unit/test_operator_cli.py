@@ -1,0 +1,66 @@
+"""``resident operator --help`` explains, bad settings fail clearly, metrics carry units."""
+
+import json
+import logging
+
+import pytest
+
+from resident_operator import metrics
+from resident_operator.__main__ import main
+from resident_operator.structured_logs import JsonLines, QuietTimers
+
+
+@pytest.fixture(autouse=True)
+def keep_root_logging():
+    """main() installs its JSON handler on the root logger; give pytest's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_help_explains_settings(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("RESIDENT_OWNER_IMAGE", "RESIDENT_OWNER_HOST", "--namespace", "--metrics-port", "transitions"):
+        assert word in out
+
+
+def test_bad_setting_exits_2_with_the_variable_named(monkeypatch, capsys):
+    monkeypatch.setenv("RESIDENT_OWNER_TIMEOUT_SECONDS", "soon")
+    assert main(["--metrics-port", "0"]) == 2
+    assert "RESIDENT_OWNER_TIMEOUT_SECONDS" in capsys.readouterr().err
+
+
+def test_resident_cli_dispatches_to_the_operator(capsys):
+    import resident_cli
+    with pytest.raises(SystemExit):
+        resident_cli.main(["operator", "--help"])
+    assert "resident operator" in capsys.readouterr().out
+
+
+def test_json_log_lines_carry_extra_fields():
+    rec = logging.LogRecord("resident_operator", logging.INFO, __file__, 1, "created %s", ("pod",), None)
+    rec.model, rec.reason = "ns/m", "OwnerPodCreated"
+    doc = json.loads(JsonLines().format(rec))
+    assert (doc["message"], doc["model"], doc["reason"], doc["level"]) == ("created pod", "ns/m", "OwnerPodCreated", "info")
+    quiet = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Timer 'resync' succeeded.", (), None)
+    assert QuietTimers().filter(quiet) is False and QuietTimers().filter(rec) is True
+
+
+def test_metric_names_have_units_and_models_by_phase_counts():
+    names = {m.name for m in metrics.REGISTRY.collect()}
+    assert {"resident_transition_duration_seconds", "resident_operator_reconciles",
+            "resident_models"} <= names
+    metrics.set_model_phase("ns/a", "Ready")
+    metrics.set_model_phase("ns/b", "Ready")
+    metrics.set_model_phase("ns/c", "Degraded")
+    get = metrics.REGISTRY.get_sample_value
+    assert get("resident_models", {"phase": "Ready"}) == 2 and get("resident_models", {"phase": "Degraded"}) == 1
+    metrics.set_model_phase("ns/b", None)
+    assert get("resident_models", {"phase": "Ready"}) == 1
+    for key in ("ns/a", "ns/c"):
+        metrics.set_model_phase(key, None)
