@@ -6,7 +6,8 @@ object is not ours and is left alone). The finalizer ``resident.dev/cleanup`` is
 removed only when it returns no remaining child; BundleDeliveries stay until the bridge
 has released them (its own finalizer), Pods until kubelet has stopped them.
 
-``sweep_orphans`` deletes objects labelled for the model whose UID is not recorded.
+``sweep_orphans`` deletes objects labelled for the model whose UID is not recorded, and
+``prune_records`` forgets records of objects that went away on their own.
 """
 
 from __future__ import annotations
@@ -36,6 +37,17 @@ def delete_recorded_children(ctx: ModelContext, state: ModelState) -> list[ch.Ch
                 continue
         remaining.append(rec)
     return remaining
+
+
+def prune_records(ctx: ModelContext, state: ModelState) -> int:
+    """Forget records whose object is gone or whose name now has another UID."""
+    forgotten = 0
+    for rec in list(state.children):
+        obj = ctx.kube.get(ctx.namespace, rec["kind"], rec["name"])
+        if obj is None or obj["metadata"].get("uid") != rec["uid"]:
+            state.forget_child(rec["uid"])
+            forgotten += 1
+    return forgotten
 
 
 def sweep_orphans(ctx: ModelContext, state: ModelState) -> list[str]:

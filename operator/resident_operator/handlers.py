@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 
 from . import metrics, naming
-from .cleanup import delete_recorded_children, sweep_orphans
+from .cleanup import delete_recorded_children, prune_records, sweep_orphans
 from .context import ModelContext
 from .kube import Kube, load_config
 from .reconcile import GONE, INVALID, reconcile, state_of
@@ -154,7 +154,9 @@ def sweep(namespace: str, name: str, uid: str, **_: Any) -> None:
         ctx = _context(namespace, name)
         if ctx is None or ctx.uid != uid or ctx.body["metadata"].get("deletionTimestamp"):
             return
-        sweep_orphans(ctx, state_of(ctx))
+        state = state_of(ctx)
+        prune_records(ctx, state)
+        sweep_orphans(ctx, state)
     finally:
         lock.release()
 
