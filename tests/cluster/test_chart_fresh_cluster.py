@@ -1,13 +1,14 @@
 """A first install on a fresh control plane, run the way the chart runs it.
 
-This test starts its own control plane (no CRDs, nothing else running against it), so the
-chart installs the CRDs itself and the operator may watch every namespace, exactly as
+The module starts its own control plane (no CRDs, nothing else running against it), so
+the chart installs the CRDs itself and the operator may watch every namespace, exactly as
 the Deployment does, without touching other tests' objects. There is no kubelet: the
-operator's command line and environment are read back from the installed Deployment and
-run here as a real ``resident operator`` process that authenticates with the operator
-ServiceAccount's own token. The RBAC rules are thus what the API server enforces on the
-operator: a missing verb would leave the first ResidentModel without its owner Pod, its
-status or its clean deletion. The owner Pod stays Pending (no node).
+operator's and the bridge's command lines and environment are read back from the
+installed Deployment and DaemonSet and run here as real processes that authenticate with
+their ServiceAccounts' own tokens. The RBAC rules are thus what the API server enforces
+on them: a missing verb would leave the first ResidentModel without its owner Pod, its
+status or its clean deletion, or a BundleDelivery without its lease. The tests run in
+file order; the last one uninstalls.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,126 +93,222 @@ def service_account_token(core: client.CoreV1Api, namespace: str, name: str) -> 
     return base64.b64decode(secret.data["token"]).decode()
 
 
-def operator_command(deploy) -> tuple[list[str], dict[str, str]]:
-    """The operator container's args and plain env, with the Pod IP replaced by 127.0.0.1."""
-    c = deploy.spec.template.spec.containers[0]
-    args = [a.replace("$(POD_IP)", "127.0.0.1") for a in c.args]
-    env = {e.name: e.value or "" for e in c.env if e.value_from is None}
-    return args, env
+class Fresh:
+    """The module's control plane and release; ports chosen for this run."""
+
+    def __init__(self, cp, helm, ports: dict[str, int]):
+        self.cp, self.helm, self.ports = cp, helm, ports
+        api = cp.api_client()
+        self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        self.apps = client.AppsV1Api(api)
+        self.installed = False
 
 
-@pytest.fixture
-def control_plane():
+@pytest.fixture(scope="module")
+def fresh():
+    """A control plane of its own with the chart installed as a platform team would."""
     from localcluster.controlplane import ControlPlane
 
     with ControlPlane() as cp:
-        yield cp
+        assert get(cp, "crd")["items"] == []
+        cp.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
+        cp.kubectl("create", "namespace", NAMESPACE)
+        cp.kubectl("create", "namespace", "models")
+        wait_for("the ServiceMonitor CRD", lambda: cp.kubectl("get", "servicemonitors", check=False).returncode == 0)
+        ports = {"health": free_port(), "metrics": free_port(), "bridge": free_port()}
+        f = Fresh(cp, Helm(cp.kubeconfig, NAMESPACE), ports)
+        f.helm.install(RELEASE, {
+            "crds": {"keep": False},
+            "operator": {"healthPort": ports["health"], "metricsPort": ports["metrics"]},
+            "bridge": {"metricsPort": ports["bridge"]},
+            "metrics": {"serviceMonitor": {"enabled": True, "labels": {"team": "ml"}}}})
+        f.installed = True
+        try:
+            yield f
+        finally:
+            if f.installed:
+                f.helm.uninstall(RELEASE)
 
 
 @pytest.fixture
-def operator_process(tmp_path):
-    """Start a process with .start(argv, env); stopped (TERM, then KILL) at the end."""
-    class Runner:
-        proc = None
+def processes():
+    """Start processes with .start(argv, env, log, group); each stopped (TERM, then KILL) at the end."""
+    class Processes:
+        started: list = []
 
-        def start(self, argv, env):
-            self.log = tmp_path / "operator.log"
-            with self.log.open("w") as out:
-                self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-            return self.proc
+        def start(self, argv, env, log: Path, group: int | None = None):
+            def drop_group():  # what the container's runAsGroup does
+                if group is not None:
+                    os.setgid(group)
+            with log.open("w") as out:
+                proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        preexec_fn=drop_group)
+            self.started.append(proc)
+            return proc
 
-    runner = Runner()
+    runner = Processes()
+    runner.started = []
     try:
         yield runner
     finally:
-        if runner.proc is not None:
-            runner.proc.terminate()
+        for proc in runner.started:
+            proc.terminate()
             try:
-                runner.proc.wait(timeout=15)
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                runner.proc.kill()
-                runner.proc.wait()
+                proc.kill()
+                proc.wait()
 
 
-def test_first_install_serves_a_first_model_and_uninstall_removes_everything(
-        control_plane, operator_process, tmp_path):
-    cp = control_plane
-    assert get(cp, "crd")["items"] == []
-    cp.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
-    cp.kubectl("create", "namespace", NAMESPACE)
-    wait_for("the ServiceMonitor CRD", lambda: cp.kubectl("get", "servicemonitors", check=False).returncode == 0)
-    health, metrics = free_port(), free_port()
-    helm = Helm(cp.kubeconfig, NAMESPACE)
-    helm.install(RELEASE, {
-        "crds": {"keep": False},
-        "operator": {"healthPort": health, "metricsPort": metrics},
-        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"team": "ml"}}}})
-    uninstalled = False
+def sa_kubeconfig(f: Fresh, component: str, path: Path) -> str:
+    token = service_account_token(f.core, NAMESPACE, f"{RELEASE}-{component}")
+    f.cp.write_kubeconfig(str(path), token, f"resident-{component}")
+    return str(path)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENT_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+def test_chart_crds_are_served_and_service_monitors_select_metrics_services(fresh):
+    cp = fresh.cp
+    for name in CRDS:
+        wait_for(f"{name} Established", lambda: established(cp, name))
+        assert "helm.sh/resource-policy" not in get(cp, "crd", name)["metadata"].get("annotations", {})
+    services = {s["metadata"]["name"]: s for s in labelled(cp, "services", NAMESPACE)}
+    monitors = labelled(cp, "servicemonitors", NAMESPACE)
+    assert len(monitors) == 2 and all(m["metadata"]["labels"]["team"] == "ml" for m in monitors)
+    for monitor in monitors:
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        matched = [n for n, svc in services.items() if wanted.items() <= svc["metadata"]["labels"].items()]
+        assert len(matched) == 1 and monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, tmp_path):
+    core, custom = fresh.core, fresh.custom
+    deploy = fresh.apps.read_namespaced_deployment(f"{RELEASE}-operator", NAMESPACE)
+    c = deploy.spec.template.spec.containers[0]
+    args = [a.replace("$(POD_IP)", "127.0.0.1") for a in c.args]
+    env = {e.name: e.value or "" for e in c.env if e.value_from is None}
+    assert args[:2] == ["operator", "--all-namespaces"]
+    kubeconfig = sa_kubeconfig(fresh, "operator", tmp_path / "operator.kubeconfig")
+    proc = processes.start(["resident", *args], clean_env(**env, KUBECONFIG=kubeconfig),
+                           tmp_path / "operator.log")
+    # kopf's liveness endpoint, as the chart's liveness probe calls it
+    wait_for("kopf's /healthz", lambda: _ok(f"http://127.0.0.1:{fresh.ports['health']}/healthz"), proc=proc)
+
+    # a first ResidentModel: the README's example
+    model = yaml.safe_load((REPO / "examples" / "residentmodel.yaml").read_text())
+    name = model["metadata"]["name"]
+    custom.create_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", model)
+
+    def recorded():
+        m = custom.get_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
+        kinds = sorted(c["kind"] for c in (m.get("status") or {}).get("children") or [])
+        return kinds == ["Pod", "Secret"] and m
+    m = wait_for("the owner Pod and token Secret in status.children", recorded, proc=proc)
+    assert "resident.dev/cleanup" in m["metadata"]["finalizers"]
+    assert core.read_namespaced_secret(f"{name}-owner-token", "models").data["token"]
+    pod = core.read_namespaced_pod(f"{name}-owner-0", "models")
+    assert pod.spec.containers[0].image == env["RESIDENT_OWNER_IMAGE"]
+    assert "resident_operator_reconciles_total" in requests.get(
+        f"http://127.0.0.1:{fresh.ports['metrics']}/metrics", timeout=5).text
+
+    # deletion: the operator deletes the children by UID and releases its finalizer
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
+    wait_for("the model to be gone", lambda: _gone(custom, "models", "residentmodels", name), proc=proc)
+    assert core.list_namespaced_pod("models", label_selector=f"resident.dev/model={name}").items == []
+    assert core.list_namespaced_secret("models", label_selector=f"resident.dev/model={name}").items == []
+
+
+def can_connect_as(path: str, uid: int, gid: int) -> bool:
+    """Whether a process with this uid and (only) this gid may connect to a unix socket."""
+    pid = os.fork()
+    if pid == 0:  # the child only drops privileges, connects and exits
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+            code = 0
+        except PermissionError:
+            code = 13
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 13), f"connect check failed oddly (exit {code})"
+    return code == 0
+
+
+def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
+    """The DaemonSet's plugin command (umask wrapper, args), with its paths under a scratch
+    directory, its runAsGroup, and the bridge ServiceAccount's token."""
+    ds = fresh.apps.read_namespaced_daemon_set(f"{RELEASE}-bridge", NAMESPACE)
+    c = next(c for c in ds.spec.template.spec.containers if c.name == "bridge")
+    sidecar = next(c for c in ds.spec.template.spec.containers if c.name == "liveness-probe")
+    group = c.security_context.run_as_group
+    scratch = Path(tempfile.mkdtemp(prefix="resident-chart-bridge-"))
+    scratch.chmod(0o755)  # the sidecar's user must be able to reach the socket, as under /var/lib/kubelet
     try:
-        # -- the chart's CRDs are served; the ServiceMonitors select the metrics Services --
-        for name in CRDS:
-            wait_for(f"{name} Established", lambda: established(cp, name))
-            assert "helm.sh/resource-policy" not in get(cp, "crd", name)["metadata"].get("annotations", {})
-        services = {s["metadata"]["name"]: s for s in labelled(cp, "services", NAMESPACE)}
-        monitors = labelled(cp, "servicemonitors", NAMESPACE)
-        assert len(monitors) == 2 and all(m["metadata"]["labels"]["team"] == "ml" for m in monitors)
-        for monitor in monitors:
-            wanted = monitor["spec"]["selector"]["matchLabels"]
-            matched = [n for n, svc in services.items() if wanted.items() <= svc["metadata"]["labels"].items()]
-            assert len(matched) == 1 and monitor["spec"]["endpoints"][0]["port"] == "metrics"
+        paths = {"unix:///csi/": f"unix://{scratch}/csi/", "=/var/lib/resident-bridge": f"={scratch}/store",
+                 "=/registration": f"={scratch}/registration", "$(NODE_NAME)": "node-a",
+                 "$(POD_IP)": "127.0.0.1"}
+        args = list(c.args)
+        for old, new in paths.items():
+            args = [a.replace(old, new) for a in args]
+        kubeconfig = sa_kubeconfig(fresh, "bridge", scratch / "bridge.kubeconfig")
+        proc = processes.start([*c.command, *args], clean_env(KUBECONFIG=kubeconfig),
+                               scratch / "bridge.log", group=group)
+        socket_path = scratch / "csi" / "csi.sock"
+        wait_for("the CSI socket", socket_path.exists, proc=proc)
+        wait_for("the registration socket", lambda: any((scratch / "registration").glob("*-reg.sock")), proc=proc)
+        # the non-root livenessprobe sidecar (its uid, the socket group) may connect; others may not
+        sidecar_uid = sidecar.security_context.run_as_user
+        assert sidecar.security_context.run_as_group == group
+        assert can_connect_as(str(socket_path), sidecar_uid, group)
+        assert not can_connect_as(str(socket_path), sidecar_uid, sidecar_uid)
+        assert "resident_" in requests.get(f"http://127.0.0.1:{fresh.ports['bridge']}/metrics", timeout=5).text
 
-        # -- the operator container, run here as its ServiceAccount -----------------------
-        api = cp.api_client()
-        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        deploy = client.AppsV1Api(api).read_namespaced_deployment(f"{RELEASE}-operator", NAMESPACE)
-        args, env = operator_command(deploy)
-        assert args[:2] == ["operator", "--all-namespaces"]
-        kubeconfig = tmp_path / "operator.kubeconfig"
-        cp.write_kubeconfig(str(kubeconfig), service_account_token(core, NAMESPACE, f"{RELEASE}-operator"),
-                            "resident-operator")
-        run_env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENT_")}
-        run_env.update(env, KUBECONFIG=str(kubeconfig))
-        proc = operator_process.start([str(Path(sys.executable).with_name("resident")), *args], run_env)
-        # kopf's liveness endpoint, as the chart's liveness probe calls it
-        wait_for("kopf's /healthz", lambda: _ok(f"http://127.0.0.1:{health}/healthz"), proc=proc)
+        # a BundleDelivery for this node: lease finalizer, status, release on deletion
+        custom = fresh.custom
+        custom.create_namespaced_custom_object(GROUP, VERSION, "models", "bundledeliveries", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "BundleDelivery", "metadata": {"name": "d1"},
+            "spec": {"nodeName": "node-a", "podName": "p", "podUID": "uid-1", "path": "GraphOnly",
+                     "bundle": {"source": "file:///srv/none", "digest": "sha256:" + "ef" * 32}}})
 
-        # -- a first ResidentModel (the README's example) ----------------------------------
-        model = yaml.safe_load((REPO / "examples" / "residentmodel.yaml").read_text())
-        name = model["metadata"]["name"]
-        cp.kubectl("create", "namespace", "models")
-        custom.create_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", model)
-
-        def recorded():
-            m = custom.get_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
-            kinds = sorted(c["kind"] for c in (m.get("status") or {}).get("children") or [])
-            return kinds == ["Pod", "Secret"] and m
-        m = wait_for("the owner Pod and token Secret in status.children", recorded, proc=proc)
-        assert "resident.dev/cleanup" in m["metadata"]["finalizers"]
-        assert core.read_namespaced_secret(f"{name}-owner-token", "models").data["token"]
-        pod = core.read_namespaced_pod(f"{name}-owner-0", "models")
-        assert pod.spec.containers[0].image == env["RESIDENT_OWNER_IMAGE"]
-        assert "resident_operator_reconciles_total" in requests.get(
-            f"http://127.0.0.1:{metrics}/metrics", timeout=5).text
-
-        # deletion: the operator deletes the children by UID and releases its finalizer
-        custom.delete_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
-        wait_for("the model to be gone", lambda: _gone(custom, "models", name), proc=proc)
-        assert core.list_namespaced_pod("models").items == []
-        assert core.list_namespaced_secret("models", label_selector=f"resident.dev/model={name}").items == []
-
-        # -- uninstall: with crds.keep=false nothing of the release is left ----------------
-        helm.uninstall(RELEASE)
-        uninstalled = True
-        wait_for("the chart's CRDs to be deleted", lambda: [
-            c["metadata"]["name"] for c in get(cp, "crd")["items"]] == [SERVICE_MONITOR_CRD["metadata"]["name"]])
-        assert labelled(cp, "clusterroles,clusterrolebindings,csidrivers") == []
-        wait_for("the release's namespaced objects to be gone", lambda: labelled(
-            cp, "deployments,daemonsets,replicasets,pods,services,serviceaccounts,servicemonitors",
-            NAMESPACE) == [])
-        assert get(cp, "secrets", "-n", NAMESPACE, "-l", f"owner=helm,name={RELEASE}")["items"] == []
+        def answered():
+            d = custom.get_namespaced_custom_object(GROUP, VERSION, "models", "bundledeliveries", "d1")
+            return (d.get("status") or {}).get("phase") and d
+        d = wait_for("the bridge to answer the delivery", answered, proc=proc)
+        assert "bundles.resident.dev/lease" in d["metadata"]["finalizers"]
+        assert d["status"]["phase"] in ("Pending", "Failed")  # no volume of that Pod on this node
+        custom.delete_namespaced_custom_object(GROUP, VERSION, "models", "bundledeliveries", "d1")
+        wait_for("the bridge to release the delivery",
+                 lambda: _gone(custom, "models", "bundledeliveries", "d1"), proc=proc)
     finally:
-        if not uninstalled:
-            helm.uninstall(RELEASE)
+        for p in processes.started:
+            p.terminate()
+            p.wait(timeout=15)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_uninstall_leaves_nothing_when_crds_are_not_kept(fresh):
+    cp = fresh.cp
+    fresh.helm.uninstall(RELEASE)
+    fresh.installed = False
+    wait_for("the chart's CRDs to be deleted", lambda: [
+        c["metadata"]["name"] for c in get(cp, "crd")["items"]] == [SERVICE_MONITOR_CRD["metadata"]["name"]])
+    assert labelled(cp, "clusterroles,clusterrolebindings,csidrivers") == []
+    wait_for("the release's namespaced objects to be gone", lambda: labelled(
+        cp, "deployments,daemonsets,replicasets,pods,services,serviceaccounts,servicemonitors",
+        NAMESPACE) == [])
+    assert get(cp, "secrets", "-n", NAMESPACE, "-l", f"owner=helm,name={RELEASE}")["items"] == []
 
 
 def _ok(url: str) -> bool:
@@ -219,9 +318,9 @@ def _ok(url: str) -> bool:
         return False
 
 
-def _gone(custom, namespace: str, name: str) -> bool:
+def _gone(custom, namespace: str, plural: str, name: str) -> bool:
     try:
-        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "residentmodels", name)
+        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
         return False
     except ApiException as e:
         return e.status == 404

@@ -267,7 +267,7 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
         for verb, resource in [("get", "residentmodels.resident.dev"),
                                ("watch", "bundledeliveries.resident.dev"),
                                ("patch", "bundledeliveries.resident.dev"),
-                               ("patch", "bundledeliveries.resident.dev/status")]:
+                               ("patch", "bundledeliveries.resident.dev/status"), ("create", "events")]:
             assert can("bridge", verb, resource), (verb, resource)
         for verb, resource in [("get", "secrets"), ("create", "pods"), ("patch", "residentmodels.resident.dev"),
                                ("patch", "residentmodels.resident.dev/status"),
