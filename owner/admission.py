@@ -77,7 +77,8 @@ def _stage_tensor(store: RowStore, slot, a: int, b: int, new: bytes,
         raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place "
                           "(only BF16 rows of projection and LM-head tensors are)")
     mine = pending.setdefault(slot.name, {})
-    for j in np.unique((differ + start) // rb):
+    touched = (differ + start) // rb  # sorted, since nonzero returns ascending indices
+    for j in touched[np.r_[True, touched[1:] != touched[:-1]]]:
         row = int(rows[j])
         value = mine.get(row, live[j]).copy()
         lo, hi = max(start, j * rb), min(start + (b - a), (j + 1) * rb)  # this row's bytes in range
