@@ -45,7 +45,7 @@ from .controlplane import ControlPlane
 from .images import pause_image
 from .kubelet import ROOT_DIR as KUBELET_ROOT, default_node_name, kubelet_argv, kubelet_config
 from .processes import ProcessGroup, free_port
-from .teardown import RECORD, HostRecord, restore, take_record
+from .teardown import RECORD, HostRecord, mounts_under, restore, take_record
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +126,21 @@ class LocalCluster(ControlPlane):
         if self._stopped:
             return
         self._stopped = True
-        began = time.monotonic()
+        began = last = time.monotonic()
+
+        def lap(step: str) -> None:
+            nonlocal last
+            now = time.monotonic()
+            self.timings[f"teardown_{step}_seconds"] = round(now - last, 2)
+            last = now
+
         try:
             if self.port and self.kubelet_processes.children:
                 try:
                     self._drain_pods()
                 except Exception as e:   # the API server may be the thing that failed
                     log.warning("could not delete pods before teardown: %s", e)
+            lap("drain")
             self.kubelet_processes.stop()
             if self.containerd is not None:
                 try:
@@ -140,10 +148,13 @@ class LocalCluster(ControlPlane):
                 finally:
                     self.runtime_processes.stop()
                     self.containerd.stop_shims()
+            lap("node")
             super().stop()
+            lap("control_plane")
             if self.record is not None:
                 self.leftovers = restore(self.record)
                 self.record = None
+            lap("restore")
         finally:
             self._release_lock()
             self.timings["teardown_seconds"] = round(time.monotonic() - began, 2)
@@ -301,13 +312,38 @@ class LocalCluster(ControlPlane):
             deadline = time.monotonic() + self.drain_timeout
             names = {(p.metadata.namespace, p.metadata.name) for p in pods}
             while names and time.monotonic() < deadline:
-                present = {(p.metadata.namespace, p.metadata.name) for p in core.list_pod_for_all_namespaces().items}
-                names &= present
+                present = {(p.metadata.namespace, p.metadata.name): p
+                           for p in core.list_pod_for_all_namespaces().items}
+                names &= set(present)
+                for key in list(names):
+                    if _released_by_kubelet(present[key]):
+                        # kubelet would delete the object itself, but only at its next
+                        # status sync (up to 10 s later); its work on the node is done
+                        _ignore_missing(core.delete_namespaced_pod, key[1], key[0], grace_period_seconds=0)
+                        names.discard(key)
                 time.sleep(0.5)
             for namespace, name in names:
                 log.warning("pod %s/%s did not terminate in %.0fs; deleting it forcibly",
                             namespace, name, self.drain_timeout)
                 _ignore_missing(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
+
+
+def _released_by_kubelet(pod) -> bool:
+    """A deleted Pod whose containers have all stopped and whose volumes are all torn down."""
+    if pod.metadata.deletion_timestamp is None:
+        return False
+    statuses = list(pod.status.container_statuses or []) + list(pod.status.init_container_statuses or [])
+    if any(s.state is None or s.state.terminated is None for s in statuses):
+        return False
+    pod_dir = KUBELET_ROOT / "pods" / pod.metadata.uid
+    if mounts_under([str(pod_dir)]):
+        return False
+    # kubelet removes a volume's directory only after its TearDown (CSI: NodeUnpublishVolume) succeeded
+    volumes = pod_dir / "volumes"
+    try:
+        return not any(any(kind.iterdir()) for kind in volumes.iterdir() if kind.is_dir())
+    except FileNotFoundError:
+        return True
 
 
 def _ignore_missing(call, *args, **kwargs) -> None:
