@@ -85,6 +85,7 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
         "volumeMounts": [
             {"name": "bundle", "mountPath": naming.BUNDLE_MOUNT, "readOnly": True},
             {"name": "owner-token", "mountPath": naming.TOKEN_MOUNT_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
         ],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
@@ -106,6 +107,7 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
                                      "model": model}}},
             {"name": "owner-token", "secret": {
                 "secretName": naming.token_secret_name(model), "defaultMode": 0o440}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
     if spec.node_selector:

@@ -76,8 +76,20 @@ def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
         "observedGeneration": generation, "phase": derived["phase"], "ready": derived["ready"],
         "identity": derived["identity"] or None, "owners": derived["owners"], "conditions": merged,
     }
-    ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
+    if changed(ctx.body.get("status") or {}, patch):
+        ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
     metrics.set_model_phase(f"{ctx.namespace}/{ctx.name}", derived["phase"])
+
+
+def changed(status: dict[str, Any], patch: dict[str, Any]) -> bool:
+    """Would this merge patch change ``status``? (Unchanged passes write nothing.)"""
+    for key, value in patch.items():
+        if value is None:
+            if status.get(key) is not None:
+                return True
+        elif status.get(key) != value:
+            return True
+    return False
 
 
 def _announce_changes(ctx: ModelContext, previous: list[dict[str, Any]],

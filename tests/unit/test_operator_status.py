@@ -118,3 +118,11 @@ def test_children_record_forget_and_orphans():
             {"metadata": {"name": "z", "uid": "3", "deletionTimestamp": "x"}}]
     assert [o["metadata"]["uid"] for o in orphans(objs, kids)] == ["2"]
     assert forget(kids, "1") == []
+
+
+def test_unchanged_status_is_not_patched_again():
+    from resident_operator.reconcile import changed
+    status = {"phase": "Ready", "ready": "1/1", "owners": [{"pod": "p"}]}
+    assert not changed(status, {"phase": "Ready", "ready": "1/1", "owners": [{"pod": "p"}], "identity": None})
+    assert changed(status, {"phase": "Degraded"})
+    assert changed({**status, "identity": {"bundle": A}}, {"identity": None})
