@@ -31,6 +31,7 @@ PORT = {"minimum": 1, "maximum": 65535}
 NON_ROOT_ID = {"minimum": 1}
 POSITIVE_SECONDS = {"type": "number", "exclusiveMinimum": 0}
 LOG_LEVEL = {"enum": ["DEBUG", "INFO", "WARNING", "ERROR"]}
+BIND_ADDRESS = {"pattern": "^([0-9.]+|[0-9a-fA-F:]+)?$"}  # empty: the Pod IP
 ABSOLUTE_PATH = {"pattern": "^/", "minLength": 2}
 NAMED_ITEMS = {"items": {"type": "object", "required": ["name"],
                          "properties": {"name": {"type": "string", "minLength": 1}}}}
@@ -41,6 +42,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "image.pullPolicy": {"enum": ["IfNotPresent", "Always", "Never"]},
     "imagePullSecrets": NAMED_ITEMS,
     "operator.logLevel": LOG_LEVEL,
+    "operator.bindAddress": BIND_ADDRESS,
     "operator.healthPort": PORT,
     "operator.metricsPort": PORT,
     "operator.owner.image.repository": {"minLength": 1},
@@ -55,6 +57,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "operator.runAsUser": NON_ROOT_ID,
     "operator.runAsGroup": NON_ROOT_ID,
     "bridge.logLevel": LOG_LEVEL,
+    "bridge.bindAddress": BIND_ADDRESS,
     "bridge.kubeletDir": ABSOLUTE_PATH,
     "bridge.storeDir": ABSOLUTE_PATH,
     "bridge.authorize": {"enum": ["api", "deny", "static", "allow-any"]},

@@ -117,7 +117,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         pod_spec = deploy["spec"]["template"]["spec"]
         op = containers(pod_spec)["operator"]
         assert op["args"][:2] == ["operator", "--all-namespaces"]
-        assert "--liveness=http://$(POD_IP):8080/healthz" in op["args"]
+        assert {"--liveness=http://$(POD_IP):8080/healthz", "--metrics-host=$(POD_IP)"} <= set(op["args"])
         assert op["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
         assert {p["name"]: p["containerPort"] for p in op["ports"]} == {"health": 8080, "metrics": 9090}
         env = {e["name"]: e.get("value") for e in op["env"]}
@@ -180,8 +180,9 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         # -- upgrade with changed values ----------------------------------------------------
         changed = {
             "image": {"repository": "localhost/resident", "tag": "dev", "pullPolicy": "Never"},
-            "operator": {"hostNetwork": True, "owner": {"host": "127.0.0.1", "hostNetwork": True}},
-            "bridge": {"hostNetwork": True, "registration": {"mode": "sidecar"},
+            "operator": {"hostNetwork": True, "bindAddress": "127.0.0.1",
+                         "owner": {"host": "127.0.0.1", "hostNetwork": True}},
+            "bridge": {"hostNetwork": True, "bindAddress": "127.0.0.1", "registration": {"mode": "sidecar"},
                        "livenessProbe": {"enabled": False}},
             "metrics": {"service": False},
         }
@@ -193,6 +194,8 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert (op["image"], op["imagePullPolicy"]) == ("localhost/resident:dev", "Never")
         env = {e["name"]: e.get("value") for e in op["env"]}
         assert env["RESIDENT_OWNER_HOST"] == "127.0.0.1" and env["RESIDENT_OWNER_HOST_NETWORK"] == "true"
+        assert {"--metrics-host=127.0.0.1", "--liveness=http://127.0.0.1:8080/healthz"} <= set(op["args"])
+        assert op["livenessProbe"]["httpGet"]["host"] == "127.0.0.1"
         bspec = get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")["spec"]["template"]["spec"]
         cs = containers(bspec)
         assert set(cs) == {"bridge", "node-driver-registrar"} and bspec["hostNetwork"] is True
@@ -200,6 +203,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
             "--v=2", "--csi-address=/csi/csi.sock",
             "--kubelet-registration-path=/var/lib/kubelet/plugins/bundles.resident.dev/csi.sock"]
         assert not any(a.startswith("--registration-dir") for a in cs["bridge"]["args"])
+        assert "--metrics-address=127.0.0.1" in cs["bridge"]["args"]
         assert "livenessProbe" not in cs["bridge"]
         assert items(cluster, "services", selector, namespace) == []
     finally:
@@ -220,6 +224,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
     ({"operator": {"runAsUser": 0}}, "runAsUser"),
     ({"bridge": {"registration": {"mode": "both"}}}, "mode"),
     ({"bridge": {"kubeletDir": "var/lib/kubelet"}}, "kubeletDir"),
+    ({"operator": {"bindAddress": "localhost"}}, "bindAddress"),
 ])
 def test_bad_values_are_refused_before_anything_is_created(cluster, namespace, helm, values, complaint):
     release = f"bad-{uuid.uuid4().hex[:6]}"
