@@ -16,6 +16,7 @@ says how to provide it. docs/install.md describes the same.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
@@ -80,7 +81,11 @@ def find_python() -> str:
 
 
 def ensure_venv() -> Path:
-    """The helm venv's python, creating the venv on first use (idempotent)."""
+    """The helm venv's python, creating the venv on first use (idempotent).
+
+    Creation holds a lock file in the cache, so two test sessions on one machine do not
+    build the same venv at once; the stamp is written last, so a half-made venv is redone.
+    """
     venv = venv_dir()
     python = venv / "bin" / "python"
     stamp = venv / ".resident-helm-installed"
@@ -88,13 +93,17 @@ def ensure_venv() -> Path:
         return python
     base = find_python()
     venv.parent.mkdir(parents=True, exist_ok=True)
-    steps = [[base, "-m", "venv", "--clear", str(venv)],
-             [str(python), "-m", "pip", "install", "-q", f"helm-sdkpy=={HELM_SDKPY_VERSION}"]]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise HelmUnavailable(f"making the helm venv failed: {' '.join(step)}\n{done.stderr[-2000:]}")
-    stamp.write_text(HELM_SDKPY_VERSION + "\n")
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and python.exists():  # made by another process meanwhile
+            return python
+        steps = [[base, "-m", "venv", "--clear", str(venv)],
+                 [str(python), "-m", "pip", "install", "-q", f"helm-sdkpy=={HELM_SDKPY_VERSION}"]]
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise HelmUnavailable(f"making the helm venv failed: {' '.join(step)}\n{done.stderr[-2000:]}")
+        stamp.write_text(HELM_SDKPY_VERSION + "\n")
     return python
 
 
