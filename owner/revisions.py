@@ -11,6 +11,7 @@ read, so nothing unverified reaches a backend.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,23 @@ def read_verified(rev: Revision, entry: FileEntry) -> bytearray:
     if whole.hexdigest() != entry.sha256:
         raise IntegrityError(f"{entry.path}: sha256 does not match the manifest")
     return buf
+
+
+def map_verified(rev: Revision, entry: FileEntry) -> mmap.mmap:
+    """A read-only map of one file, checked against its sha256 before it is returned.
+
+    Revision files are immutable once published (read-only, content-addressed), so the
+    bytes hashed are the bytes the caller then reads. The caller closes the map.
+    """
+    path = rev.file(entry)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size != entry.size or entry.size == 0:
+            raise IntegrityError(f"{entry.path}: size differs from the manifest's {entry.size} (or is empty)")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hashlib.sha256(mm).hexdigest() != entry.sha256:
+        mm.close()
+        raise IntegrityError(f"{entry.path}: sha256 does not match the manifest")
+    return mm
 
 
 def read_range_verified(rev: Revision, entry: FileEntry, index: int) -> bytes:

@@ -21,7 +21,7 @@ from .. import admission, inplace
 from ..decoder import Decoder, bf16_to_f32, f32_to_bf16_bits
 from ..graph import CompiledGraph, GraphError, compile_graph
 from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
-from ..revisions import Revision, read_verified
+from ..revisions import Revision, map_verified, read_verified
 from ..safetensors_layout import Layout, LayoutError, parse_layout
 from .base import BackendError, Description, LoadReport, Output
 
@@ -61,15 +61,19 @@ class CpuBackend:
             t1 = time.perf_counter()
             weights, layouts = {}, {}
             for entry in m.files_with(Role.weights):
-                buf = read_verified(rev, entry)
-                layout = parse_layout(memoryview(buf), entry.size)
-                for slot in layout.tensors:
-                    if slot.dtype != "BF16":
-                        raise BackendError(f"tensor {slot.name}: dtype {slot.dtype}, the cpu backend reads BF16")
-                    bits = np.frombuffer(buf, np.uint16, (slot.end - slot.start) // 2, slot.start)
-                    weights[slot.name] = bf16_to_f32(bits).reshape(slot.shape)
+                mm, bits = map_verified(rev, entry), None
+                try:
+                    layout = parse_layout(mm, entry.size)
+                    for slot in layout.tensors:
+                        if slot.dtype != "BF16":
+                            raise BackendError(f"tensor {slot.name}: dtype {slot.dtype}, the cpu backend reads BF16")
+                        bits = np.frombuffer(mm, np.uint16, (slot.end - slot.start) // 2, slot.start)
+                        weights[slot.name] = bf16_to_f32(bits).reshape(slot.shape)
+                        del bits  # the map can only close once no array views it
+                finally:
+                    bits = None
+                    mm.close()
                 layouts[entry.path] = layout
-                del buf
             _check_shapes(weights, graph.config)
         except (GraphError, LayoutError) as e:
             raise BackendError(str(e)) from None
