@@ -370,6 +370,34 @@ def test_bad_requests_get_clear_4xx(tmp_path, volume):
         os.unlink(link)
 
 
+def test_revision_whose_manifest_does_not_hash_to_its_name_is_refused(tmp_path, volume):
+    import shutil
+
+    vol, d = volume
+    impostor = "sha256:" + "cd" * 32
+    shutil.copytree(open_revision(vol, d["rows"]).dir, vol / "revisions" / impostor.replace(":", "-"))
+    try:
+        with serving(vol) as c:
+            r = c.post("/v1/transitions", {"target": impostor, "path": "WholeBundle"})
+            assert r.status_code == 400 and "does not match" in r.json()["error"]
+            assert c.get("/v1/identity").json()["identity"]["bundle"] == d["base"]
+    finally:
+        shutil.rmtree(vol / "revisions" / impostor.replace(":", "-"))
+
+
+def test_current_pointing_outside_the_bundle_dir_fails_start(tmp_path, volume):
+    from owner.runtime import StartupError
+
+    vol, d = volume
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    os.symlink(open_revision(vol, d["base"]).dir, fake / "current")  # absolute, outside fake/
+    owner = Owner(fake, CpuBackend())
+    with pytest.raises(StartupError, match="outside"):
+        owner.start()
+    assert owner.state == "unloaded"
+
+
 def test_warmup_runs_every_variant_before_ready(volume):
     vol, _ = volume
     backend = CountingCpuBackend()
