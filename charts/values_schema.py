@@ -41,7 +41,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "image.repository": {"minLength": 1},
     "image.pullPolicy": {"enum": ["IfNotPresent", "Always", "Never"]},
     "imagePullSecrets": NAMED_ITEMS,
-    "operator.logLevel": LOG_LEVEL,
+    "operator.logLevel": {"enum": ["DEBUG", "INFO"]},
     "operator.bindAddress": BIND_ADDRESS,
     "operator.healthPort": PORT,
     "operator.metricsPort": PORT,

@@ -116,7 +116,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
         pod_spec = deploy["spec"]["template"]["spec"]
         op = containers(pod_spec)["operator"]
-        assert op["args"][:2] == ["operator", "--all-namespaces"]
+        assert op["args"][:2] == ["operator", "--all-namespaces"] and "--verbose" not in op["args"]
         assert {"--liveness=http://$(POD_IP):8080/healthz", "--metrics-host=$(POD_IP)"} <= set(op["args"])
         assert op["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
         assert {p["name"]: p["containerPort"] for p in op["ports"]} == {"health": 8080, "metrics": 9090}
@@ -180,7 +180,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         # -- upgrade with changed values ----------------------------------------------------
         changed = {
             "image": {"repository": "localhost/resident", "tag": "dev", "pullPolicy": "Never"},
-            "operator": {"hostNetwork": True, "bindAddress": "127.0.0.1",
+            "operator": {"hostNetwork": True, "bindAddress": "127.0.0.1", "logLevel": "DEBUG",
                          "owner": {"host": "127.0.0.1", "hostNetwork": True}},
             "bridge": {"hostNetwork": True, "bindAddress": "127.0.0.1", "registration": {"mode": "sidecar"},
                        "livenessProbe": {"enabled": False}},
@@ -195,7 +195,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         env = {e["name"]: e.get("value") for e in op["env"]}
         assert env["RESIDENT_OWNER_HOST"] == "127.0.0.1" and env["RESIDENT_OWNER_HOST_NETWORK"] == "true"
         assert {"--metrics-host=127.0.0.1", "--liveness=http://127.0.0.1:8080/healthz"} <= set(op["args"])
-        assert op["livenessProbe"]["httpGet"]["host"] == "127.0.0.1"
+        assert op["livenessProbe"]["httpGet"]["host"] == "127.0.0.1" and "--verbose" in op["args"]
         bspec = get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")["spec"]["template"]["spec"]
         cs = containers(bspec)
         assert set(cs) == {"bridge", "node-driver-registrar"} and bspec["hostNetwork"] is True
