@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installed package
     sys.path.insert(0, str(REPO))
 
-from charts.helmenv import Helm  # noqa: E402
+from charts.helmenv import CHART_DIR, Helm  # noqa: E402
 
 GROUP, VERSION = "resident.dev", "v1alpha1"
 RELEASE, NAMESPACE = "resident", "resident-system"
@@ -296,6 +296,22 @@ def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
             p.terminate()
             p.wait(timeout=15)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_upgrade_carries_crd_changes(fresh, tmp_path):
+    """Unlike Helm's crds/ folder, the chart's CRD templates are upgraded with the release."""
+    chart = tmp_path / "resident"
+    shutil.copytree(CHART_DIR, chart)
+    crd = chart / "templates" / "crds" / "bundledeliveries.resident.dev.yaml"
+    text = crd.read_text()
+    assert text.count("    - name: Node\n") == 1
+    crd.write_text(text.replace("    - name: Node\n", "    - name: Age\n      type: date\n"
+                                "      jsonPath: .metadata.creationTimestamp\n    - name: Node\n"))
+    before = fresh.helm.status(RELEASE)["version"]
+    assert fresh.helm.upgrade(RELEASE, chart=chart, reuse_values=True)["version"] == before + 1
+    columns = get(fresh.cp, "crd", "bundledeliveries.resident.dev")["spec"]["versions"][0][
+        "additionalPrinterColumns"]
+    assert [c["name"] for c in columns][:2] == ["Age", "Node"]
 
 
 def test_uninstall_leaves_nothing_when_crds_are_not_kept(fresh):
