@@ -113,20 +113,44 @@ def test_same_named_pod_of_someone_else_is_never_deleted(cluster, namespace):
         api.create_model("tiny", SPEC)
         first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
         assert first.metadata.name == "tiny-owner-0"
-        # someone deletes the owner Pod and creates their own Pod under the same name
-        api.core.delete_namespaced_pod("tiny-owner-0", namespace)
-        wait_for(lambda: all(p.metadata.uid != first.metadata.uid for p in api.pods()), what="deletion")
-        theirs = api.core.create_namespaced_pod(namespace, client.V1Pod(
-            metadata=client.V1ObjectMeta(name="tiny-owner-0", labels={"app": "theirs"}),
-            spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")])))
+        wait_for(lambda: len((api.model("tiny").get("status") or {}).get("children") or []) == 2,
+                 what="the Pod recorded")
+    # while the operator is down, someone deletes the owner Pod and creates their own Pod
+    # under the same name (the operator's record still names the old UID)
+    api.core.delete_namespaced_pod("tiny-owner-0", namespace)
+    wait_for(lambda: all(p.metadata.uid != first.metadata.uid for p in api.pods()), what="deletion")
+    theirs = api.core.create_namespaced_pod(namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="tiny-owner-0", labels={"app": "theirs"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")])))
+    with running_operator(namespace):
         # the operator moves the slot to a new incarnation instead of touching their Pod
         wait_for(lambda: [p.metadata.name for p in owner_pods(api, "tiny")] == ["tiny-owner-0-r1"],
                  what="a replacement under a new name")
         api.delete_model("tiny")
         wait_for(lambda: api.model("tiny") is None, what="model gone")
-        survivor = api.core.read_namespaced_pod("tiny-owner-0", namespace)
-        assert survivor.metadata.uid == theirs.metadata.uid and not survivor.metadata.deletion_timestamp
-        assert owner_pods(api, "tiny") == []
+    survivor = api.core.read_namespaced_pod("tiny-owner-0", namespace)
+    assert survivor.metadata.uid == theirs.metadata.uid and not survivor.metadata.deletion_timestamp
+    assert owner_pods(api, "tiny") == []
+
+
+def test_deleting_a_model_spares_a_same_named_successor_of_its_pod(cluster, namespace):
+    api = Api(cluster, namespace)
+    with running_operator(namespace):
+        api.create_model("tiny", SPEC)
+        first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
+        wait_for(lambda: len((api.model("tiny").get("status") or {}).get("children") or []) == 2,
+                 what="the Pod recorded")
+    # operator down: the Pod is swapped for someone else's, then the model is deleted
+    api.core.delete_namespaced_pod("tiny-owner-0", namespace)
+    wait_for(lambda: all(p.metadata.uid != first.metadata.uid for p in api.pods()), what="deletion")
+    theirs = api.core.create_namespaced_pod(namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="tiny-owner-0", labels={"resident.dev/model": "someone"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")])))
+    api.delete_model("tiny")
+    with running_operator(namespace):
+        wait_for(lambda: api.model("tiny") is None, what="model gone (finalizer removed)")
+    survivor = api.core.read_namespaced_pod("tiny-owner-0", namespace)
+    assert survivor.metadata.uid == theirs.metadata.uid and not survivor.metadata.deletion_timestamp
 
 
 def test_orphans_labelled_for_the_model_are_swept(cluster, namespace):
