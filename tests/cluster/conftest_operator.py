@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -63,6 +65,22 @@ def running_operator(namespace: str, **env: str):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def operator_process(namespace: str, log_path: Path, **env: str):
+    """The operator as its own process (``resident operator``), so a test can SIGKILL it."""
+    cmd = [sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_cli.main())",
+           "operator", "-n", namespace, "--metrics-port", "0"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **OPERATOR_ENV, **env})
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
 
 
 class Api:

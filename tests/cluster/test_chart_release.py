@@ -199,6 +199,8 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         bspec = get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")["spec"]["template"]["spec"]
         cs = containers(bspec)
         assert set(cs) == {"bridge", "node-driver-registrar"} and bspec["hostNetwork"] is True
+        assert cs["node-driver-registrar"]["imagePullPolicy"] == "IfNotPresent"  # not image.pullPolicy
+        assert cs["bridge"]["imagePullPolicy"] == "Never"
         assert cs["node-driver-registrar"]["args"] == [
             "--v=2", "--csi-address=/csi/csi.sock",
             "--kubelet-registration-path=/var/lib/kubelet/plugins/bundles.resident.dev/csi.sock"]

@@ -9,7 +9,7 @@ real owner answers.
 
 from __future__ import annotations
 
-import shutil
+import signal
 
 import pytest
 
@@ -18,7 +18,7 @@ from localcluster.processes import free_port
 from owner.backends.cpu import CpuBackend
 from resident_operator.metrics import REGISTRY
 
-from conftest_operator import Api, PlayedNode, condition, running_operator, wait_for
+from conftest_operator import Api, PlayedNode, condition, operator_process, running_operator, wait_for
 
 SIZE, CHUNK = 256 * 1024, 64 * 1024
 
@@ -202,19 +202,20 @@ def test_quarantined_owner_is_replaced_on_the_target(cluster, namespace, tmp_pat
         assert old_uid not in children and pod.metadata.uid in children
 
 
-def test_restart_mid_transition_resumes_without_duplicates(cluster, namespace, node, bundles):
+def test_operator_killed_mid_transition_resumes_without_duplicates(cluster, namespace, node, bundles, tmp_path):
     root, d = bundles
     api, port = Api(cluster, namespace), free_port()
-    with running_operator(namespace):
+    with operator_process(namespace, tmp_path / "operator.log") as proc:
         api.create_model("lm", spec_for(bundles, "base", port))
         pod_uid = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")["owners"][0]["uid"]
         node.stage_deliveries.clear()
         api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
-        wait_for(lambda: deliveries(api), what="the delivery to be created")
         wait_for(lambda: (status(api).get("transition") or {}).get("owners", [{}])[0].get("step") == "Delivering",
                  what="the owner step Delivering to be recorded")
-    # the operator is stopped mid-transition; the bridge stages meanwhile
-    node.stage_deliveries.set()
+        proc.send_signal(signal.SIGKILL)          # no chance to clean up or save anything
+        proc.wait(10)
+    assert len(deliveries(api)) == 1
+    node.stage_deliveries.set()                   # the bridge stages while no operator runs
     wait_for(lambda: (deliveries(api)[0].get("status") or {}).get("phase") == "Staged", what="staged")
     with running_operator(namespace):
         s = wait_for(lambda: ready_on(api, d["rows"]), what="Ready on rows after the restart")
@@ -223,6 +224,7 @@ def test_restart_mid_transition_resumes_without_duplicates(cluster, namespace, n
     assert len(node.owner_of(pod_uid).transitions) == 1
     assert api.reasons("lm").count("TransitionPlanned") == 1
     assert api.reasons("lm").count("DeliveryCreated") == 1
+    assert len(api.pods("resident.dev/model=lm")) == 1
 
 
 def test_spec_change_during_a_transition_is_queued(cluster, namespace, node, bundles):
