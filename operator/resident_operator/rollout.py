@@ -56,7 +56,8 @@ def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         return Blocker("InPlaceNotPossible", str(e))
     except PlanError as e:
         return Blocker("PlanFailed", str(e))
-    live = sorted((v for v in views if not v.terminating), key=lambda v: v.slot)
+    live = sorted((v for v in views if not v.terminating and 0 <= v.slot < spec.replicas),
+                  key=lambda v: v.slot)
     state.transition = TransitionState(
         id=uuid.uuid4().hex[:12], **{"from": frm["digest"]}, fromSource=frm["source"],
         to=to.digest, toSource=to.source, strategy=plan.strategy, path=plan.path,

@@ -43,3 +43,4 @@ def setup(level: int = logging.INFO, json_lines: bool = True) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.captureWarnings(True)  # Python warnings become log records too
