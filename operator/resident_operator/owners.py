@@ -95,8 +95,12 @@ def create_owner_pod(ctx: ModelContext, state: ModelState, spec: ModelSpec, slot
 
 
 def ensure_owner_pods(ctx: ModelContext, state: ModelState, spec: ModelSpec,
-                      managed_slots: set[int]) -> list[dict[str, Any]]:
-    """One live owner Pod per slot below replicas (except ``managed_slots``); none above."""
+                      managed_slots: set[int], revision: tuple[str, str]) -> list[dict[str, Any]]:
+    """One live owner Pod per slot below replicas (except ``managed_slots``); none above.
+
+    New Pods start on ``revision`` (digest, source): the committed one, or the target of
+    the transition in flight, so a scale-up during a transition does not land behind it.
+    """
     pods = our_pods(ctx, state)
     live = {}
     for p in pods:
@@ -106,10 +110,10 @@ def ensure_owner_pods(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         if slot in live or slot in managed_slots:
             continue
         fresh = any(int(p["metadata"]["labels"].get(naming.LABEL_SLOT, -1)) == slot for p in pods)
-        pod = create_owner_pod(ctx, state, spec, slot, state.bundle["digest"],
-                               state.bundle["source"], new_incarnation=fresh)
+        pod = create_owner_pod(ctx, state, spec, slot, revision[0], revision[1],
+                               new_incarnation=fresh)
         ctx.event("OwnerPodCreated", f"created owner Pod {pod['metadata']['name']} (slot {slot}) "
-                                     f"on bundle {state.bundle['digest']}")
+                                     f"on bundle {revision[0]}")
         pods.append(pod)
     for slot, p in sorted(live.items()):
         if slot >= spec.replicas and slot not in managed_slots:

@@ -53,8 +53,10 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     ctx.token = ensure_token(ctx, state)
     if not state.bundle:
         state.commit_bundle(spec.bundle.digest, spec.bundle.source)
-    managed = {o.slot for o in state.transition.owners} if state.transition else set()
-    pods = ensure_owner_pods(ctx, state, spec, managed)
+    t = state.transition
+    managed = {o.slot for o in t.owners} if t else set()
+    revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])
+    pods = ensure_owner_pods(ctx, state, spec, managed, revision)
     views = observe_owners(ctx, pods, spec)
     if state.transition is None:
         views = replace_broken_owners(ctx, state, spec, views)

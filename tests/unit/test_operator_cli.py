@@ -18,6 +18,7 @@ def keep_root_logging():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    logging.captureWarnings(False)
 
 
 def test_help_explains_settings(capsys):
