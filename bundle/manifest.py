@@ -13,6 +13,7 @@ a :class:`ManifestError` that says which entry is wrong and why.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import posixpath
@@ -112,11 +113,15 @@ class Manifest(BaseModel):
 
     # -- serialization -------------------------------------------------------------
     def canonical_json(self) -> bytes:
+        return self._canonical
+
+    @functools.cached_property
+    def _canonical(self) -> bytes:  # computed once: the model is frozen
         doc = self.model_dump(mode="json", by_alias=True)
         doc["files"] = sorted(doc["files"], key=lambda f: f["path"])
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         return "sha256:" + hashlib.sha256(self.canonical_json()).hexdigest()
 

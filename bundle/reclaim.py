@@ -23,6 +23,7 @@ import fcntl
 import os
 import shutil
 import stat
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,9 @@ from .manifest import check_digest, revision_dirname
 if TYPE_CHECKING:
     from .store import Store
 
+#: work entries without a catalog row are left alone this long (seconds) after creation
+STRAY_GRACE_SECONDS = 60.0
+
 
 def remove_tree(path: Path) -> None:
     """Delete a (possibly read-only) tree or file; absent is fine. Never follows symlinks."""
@@ -40,13 +44,16 @@ def remove_tree(path: Path) -> None:
     if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
         return
-    for dirpath, dirnames, _ in os.walk(path):
-        for d in dirnames:
-            p = os.path.join(dirpath, d)
-            if not os.path.islink(p):
-                os.chmod(p, stat.S_IRWXU)
-    os.chmod(path, stat.S_IRWXU)
-    shutil.rmtree(path)
+    try:
+        os.chmod(path, stat.S_IRWXU)
+        for dirpath, dirnames, _ in os.walk(path):
+            for d in dirnames:
+                p = os.path.join(dirpath, d)
+                if not os.path.islink(p):
+                    os.chmod(p, stat.S_IRWXU)
+        shutil.rmtree(path)
+    except FileNotFoundError:  # someone else removed (part of) it first
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _is_alive(lock_path: Path) -> bool:
@@ -66,6 +73,13 @@ def _is_alive(lock_path: Path) -> bool:
         os.close(fd)
 
 
+def _age_seconds(path: Path) -> float:
+    try:
+        return time.time() - path.lstat().st_mtime
+    except FileNotFoundError:
+        return float("inf")
+
+
 def reclaim(store: "Store") -> dict[str, int]:
     """Remove what interrupted materializations left; return counts of what was removed."""
     work_dir, counts = store.root / "work", {"work": 0, "trees": 0, "blobs": 0}
@@ -77,11 +91,16 @@ def reclaim(store: "Store") -> dict[str, int]:
         if store.catalog.revision_state(digest) == "staging":
             remove_tree(store.revision_path(digest))
         store.catalog.forget_work(token)
+        remove_tree(work_dir / token)
+        (work_dir / f"{token}.lock").unlink(missing_ok=True)
         counts["work"] += 1
+    known_work = {t for t, _ in store.catalog.abandoned_work()}
     for entry in work_dir.iterdir():
         token = entry.name.removesuffix(".lock")
         if token in live or _is_alive(work_dir / f"{token}.lock"):
             continue
+        if token not in known_work and _age_seconds(entry) < STRAY_GRACE_SECONDS:
+            continue  # perhaps a materialization between creating its lock and taking it
         counts["work"] += entry.is_dir()
         remove_tree(entry)
     for digest in store.catalog.staging_without_work():
@@ -103,7 +122,8 @@ def reclaim(store: "Store") -> dict[str, int]:
             if not store.blob_path(key).is_file():
                 store.catalog.drop_blob(key)
     for leftover in (store.root / "trash").iterdir():
-        remove_tree(leftover)
+        if _age_seconds(leftover) >= STRAY_GRACE_SECONDS:  # else perhaps a running GC's
+            remove_tree(leftover)
     return counts
 
 

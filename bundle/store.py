@@ -139,6 +139,9 @@ class Store:
                 self.catalog.touch(digest)
                 return MaterializeResult(digest, self.revision_path(digest), "present", None,
                                          0, 0, 0, time.monotonic() - t0, True)
+            if self.catalog.revision_state(digest) == "ready":  # its tree was deleted
+                log.warning("revision tree missing; rebuilding", extra={"digest": digest})
+                self.catalog.drop_revision(digest)
             token = uuid.uuid4().hex
             work = self.root / "work" / token
             lock_fd = os.open(self.root / "work" / f"{token}.lock", os.O_RDWR | os.O_CREAT, 0o600)

@@ -127,3 +127,32 @@ def test_reopening_does_not_touch_live_work_of_another_process(tmp_path):
     assert other.has_revision(manifest.digest)
     assert (other.revision_path(manifest.digest) / "model.safetensors").read_bytes() == \
         (bundle_dir / "model.safetensors").read_bytes()
+
+
+def test_stray_work_is_kept_while_young_and_removed_when_old(tmp_path):
+    import bundle.reclaim as reclaim
+    store_root = tmp_path / "store"
+    Store(store_root)
+    young, old = store_root / "work" / "young-token", store_root / "work" / "old-token"
+    young.mkdir()
+    old.mkdir()
+    (old / "blob-0").write_bytes(b"partial")
+    past = time.time() - reclaim.STRAY_GRACE_SECONDS - 5
+    os.utime(old, (past, past))
+    store = Store(store_root)
+    assert young.exists() and not old.exists() and store.reclaimed["work"] == 1
+
+
+def test_a_deleted_tree_of_a_ready_revision_is_rebuilt(tmp_path):
+    from bundle.reclaim import remove_tree
+    bundle_dir = make_bundle(tmp_path / "b", 256 * 1024)
+    manifest = build_manifest(bundle_dir, chunk_size=CHUNK)
+    store = Store(tmp_path / "store")
+    first = store.materialize(manifest, open_source(f"file://{bundle_dir}"))
+    remove_tree(first.path)  # someone deleted it behind the store's back
+    assert not store.has_revision(manifest.digest)
+    again = store.materialize(manifest, open_source(f"file://{bundle_dir}"))
+    assert again.method == "reconstruct" and store.has_revision(manifest.digest)
+    assert again.bytes_fetched == 0  # its blobs were still there, by content
+    assert (again.path / "model.safetensors").read_bytes() == \
+        (bundle_dir / "model.safetensors").read_bytes()
