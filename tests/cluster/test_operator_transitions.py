@@ -89,6 +89,8 @@ def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, nod
         assert (owner["node"], owner["ready"], owner["state"]) == ("node-a", True, "ready")
         assert all(condition({"status": s}, t)["status"] == "True" for t in ("Delivered", "Resident", "Ready"))
         pod_uid = owner["uid"]
+        row = cluster.kubectl("get", "rm", "lm", "-n", namespace, "--no-headers").stdout.split()
+        assert row[:4] == ["lm", "Ready", d["base"], "1/1"]
 
         before = transition_samples("InPlace", "WholeBundle")
         api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
@@ -260,3 +262,32 @@ def test_quarantined_owner_outside_a_transition_is_replaced(cluster, namespace, 
         assert s["owners"][0]["pod"] == "lm-owner-0-r1"
         replaced = [m for kind, name, reason, m in api.all_events() if reason == "OwnerReplaced"]
         assert len(replaced) == 1 and "is quarantined" in replaced[0]
+
+
+def test_status_follows_owner_readiness_and_an_invalid_edit_changes_nothing(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        s = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
+        pod_uid = s["owners"][0]["uid"]
+        delivered_since = condition({"status": s}, "Delivered")["lastTransitionTime"]
+        ready_since = condition({"status": s}, "Ready")["lastTransitionTime"]
+        # the real owner stops being ready (as while it reloads); the played kubelet follows /readyz
+        node.owner_of(pod_uid).set_state("loading")
+        s = wait_for(lambda: status(api).get("phase") == "Loading" and status(api), what="phase Loading")
+        assert s["ready"] == "0/1" and condition({"status": s}, "Ready")["status"] == "False"
+        assert condition({"status": s}, "Resident")["reason"] == "OwnersLoading"
+        node.owner_of(pod_uid).set_state("ready")
+        s = wait_for(lambda: ready_on(api, d["base"]), what="Ready again")
+        assert condition({"status": s}, "Delivered")["lastTransitionTime"] == delivered_since
+        assert condition({"status": s}, "Ready")["lastTransitionTime"] >= ready_since
+        assert {"ModelNotReady", "ModelReady"} <= set(api.reasons("lm"))
+        # an invalid edit of a running model: a condition, and nothing else is touched
+        api.patch_spec("lm", {"runtime": {"warmup": True}, "bundle": spec_for(bundles, "rows", port)["bundle"]})
+        s = wait_for(lambda: condition(api.model("lm"), "Degraded").get("reason") == "InvalidSpec" and status(api),
+                     what="InvalidSpec")
+        pods = api.pods("resident.dev/model=lm")
+        assert [p.metadata.uid for p in pods] == [pod_uid] and not pods[0].metadata.deletion_timestamp
+        assert api.deliveries() == [] and "transition" not in s
+        assert node.owner_of(pod_uid).identity().identity.bundle == d["base"]
