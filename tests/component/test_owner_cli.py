@@ -101,6 +101,13 @@ def test_missing_token_file_is_a_clear_error(volume):
     assert proc.returncode == 1 and "nope" in err
 
 
+def test_vendor_backend_without_its_sdk_exits_with_a_clear_error(volume):
+    tmp, _ = volume
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--backend", "rngd"], tmp)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "furiosa_llm" in err and "furiosa-llm" in err
+
+
 def test_help_explains_the_command():
     out = subprocess.run(RESIDENT + ["owner", "--help"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})

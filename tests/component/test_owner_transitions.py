@@ -207,7 +207,11 @@ def test_auto_reloads_when_not_admissible_and_reuses_graph_only_when_unchanged(v
         assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", False)
         st = c.transition(d["rows"], strategy="Reload")
         assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", True)
+        assert all(v is not None for v in st["timings"].values())
         assert c.generate().json()["tokens"] == reference[d["rows"]]
+        metrics = c.get("/metrics", auth=False).text
+        assert 'resident_owner_transitions_total{result="succeeded",strategy="Reload"} 3.0' in metrics
+        assert 'resident_owner_transition_duration_seconds_count{phase="first_token",strategy="Reload"} 3.0' in metrics
 
 
 def test_in_place_strategy_answers_needs_reload_and_changes_nothing(volume, reference):
@@ -228,6 +232,8 @@ def test_corrupt_write_is_rejected_and_base_is_restored(volume, reference):
         assert st["identity"] == identity_of(vol, d["base"])
         assert c.get("/v1/identity").json()["state"] == "ready"
         assert c.generate().json()["tokens"] == reference[d["base"]]
+        metrics = c.get("/metrics", auth=False).text
+        assert 'resident_owner_transitions_total{result="failed",strategy="InPlace"} 1.0' in metrics
         live = c.owner.backend
         fresh = CpuBackend()
         fresh.load(open_revision(vol, d["base"]))
