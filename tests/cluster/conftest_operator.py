@@ -10,6 +10,9 @@
   deletion) and the **bridge** (holds its finalizer on BundleDeliveries, stages revisions
   into the live volume with ``owner.local_volume.stage_revision`` and reports Staged or
   Failed). Nothing about the operator, the API server or the owner is mocked.
+  With ``real_bridge=True`` the real bridge (``python -m csi_bridge``, gRPC over a unix
+  socket, real read-only bind mounts) publishes the volumes and serves the deliveries;
+  the played kubelet then only calls NodePublishVolume/NodeUnpublishVolume like kubelet.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -33,6 +38,9 @@ from kubernetes.client.rest import ApiException
 
 from bundle.scan import read_manifest
 from bundle.sources.file import dir_from_uri
+from csi_bridge import mountinfo
+from csi_bridge.proto import csi_pb2
+from csi_bridge.testing import BridgeProcess, CsiClient, cleanup_mounts, publish_request
 from owner.backends.cpu import CpuBackend
 from owner.local_volume import stage_revision
 from owner.runtime import Owner
@@ -161,8 +169,15 @@ class PlayedNode:
     """Kubelet and bridge stand-in for one Node object (see the module docstring)."""
 
     def __init__(self, cluster, namespace: str, workdir: Path, name: str = "node-a",
-                 backend: Callable[[], Any] = CpuBackend, capacity: dict[str, str] | None = None):
+                 backend: Callable[[], Any] = CpuBackend, capacity: dict[str, str] | None = None,
+                 real_bridge: bool = False):
         self.api = Api(cluster, namespace)
+        self.cluster = cluster
+        self.bridge = None
+        if real_bridge:   # the real CSI bridge (python -m csi_bridge) serves volumes and deliveries
+            self.short = Path(tempfile.mkdtemp(prefix="opb-", dir="/tmp"))  # unix socket length
+            self.bridge = BridgeProcess(self.short / "b", node_id=name, authorize="api",
+                                        extra_args=("--deliveries", "--kubeconfig", cluster.kubeconfig))
         self.ns, self.name, self.workdir = namespace, name, Path(workdir)
         self.backend = backend
         self.capacity = {"cpu": "8", "memory": "16Gi", "pods": "20", **(capacity or {})}
@@ -179,18 +194,28 @@ class PlayedNode:
         self.api.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(
             name=self.name, labels={"kubernetes.io/hostname": self.name})))
         self._heartbeat()
+        if self.bridge is not None:
+            self.bridge.start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(15)
-        for uid in list(self.owners):
-            self._stop_owner(uid)
         try:
-            self.api.core.delete_node(self.name)
-        except ApiException:
-            pass
+            for uid in list(self.owners):
+                self._stop_owner(uid)
+        finally:
+            if self.bridge is not None:
+                self.bridge.stop()
+                cleanup_mounts(self.short)
+                leftover = mountinfo.mounts_under(self.short)
+                shutil.rmtree(self.short, ignore_errors=True)
+                assert leftover == [], leftover
+            try:
+                self.api.core.delete_node(self.name)
+            except ApiException:
+                pass
 
     def _heartbeat(self) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -213,15 +238,18 @@ class PlayedNode:
 
     # -- kubelet --------------------------------------------------------------------
     def volume(self, pod_uid: str) -> Path:
+        if self.bridge is not None:
+            return self.short / "kubelet" / "pods" / pod_uid / "volumes" / "bundle"
         return self.workdir / "volumes" / pod_uid
 
     def sync(self) -> None:
         pods = [p for p in self.api.pods() if p.spec.node_name == self.name]
         for pod in sorted(pods, key=lambda p: p.metadata.deletion_timestamp is None):
             self._sync_pod(pod)   # terminating Pods first: a successor may need the port
-        for bd in self.api.deliveries():
-            if bd["spec"]["nodeName"] == self.name:
-                self._sync_delivery(bd)
+        if self.bridge is None:
+            for bd in self.api.deliveries():
+                if bd["spec"]["nodeName"] == self.name:
+                    self._sync_delivery(bd)
 
     def _sync_pod(self, pod) -> None:
         uid, name = pod.metadata.uid, pod.metadata.name
@@ -253,7 +281,15 @@ class PlayedNode:
     def _start_owner(self, pod) -> None:
         attrs = next(v.csi.volume_attributes for v in pod.spec.volumes if v.csi)
         vol = self.volume(pod.metadata.uid)
-        stage_revision(vol, dir_from_uri(attrs["source"]), make_current=True, hardlink=False)
+        if self.bridge is not None:   # kubelet's NodePublishVolume for the inline volume
+            vol.parent.mkdir(parents=True, exist_ok=True)
+            with CsiClient(self.bridge.socket) as csi:
+                csi.node.NodePublishVolume(publish_request(
+                    f"csi-{pod.metadata.uid}", vol, attrs["digest"], attrs["source"],
+                    namespace=self.ns, pod=pod.metadata.name, pod_uid=pod.metadata.uid,
+                    model=attrs["model"]))
+        else:
+            stage_revision(vol, dir_from_uri(attrs["source"]), make_current=True, hardlink=False)
         secret = next(v.secret.secret_name for v in pod.spec.volumes if v.secret)
         token = base64.b64decode(self.api.core.read_namespaced_secret(secret, self.ns).data["token"]).decode()
         port = pod.spec.containers[0].ports[0].container_port
@@ -271,6 +307,10 @@ class PlayedNode:
             server.server_close()
             thread.join(10)
             owner.close()
+            if self.bridge is not None:   # kubelet's NodeUnpublishVolume
+                with CsiClient(self.bridge.socket) as csi:
+                    csi.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
+                        volume_id=f"csi-{uid}", target_path=str(self.volume(uid))))
 
     def owner_of(self, pod_uid: str) -> Owner:
         return self.owners[pod_uid][0]

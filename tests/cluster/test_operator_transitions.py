@@ -291,3 +291,33 @@ def test_status_follows_owner_readiness_and_an_invalid_edit_changes_nothing(clus
         assert [p.metadata.uid for p in pods] == [pod_uid] and not pods[0].metadata.deletion_timestamp
         assert api.deliveries() == [] and "transition" not in s
         assert node.owner_of(pod_uid).identity().identity.bundle == d["base"]
+
+
+def test_transition_and_cleanup_through_the_real_bridge(cluster, namespace, tmp_path, bundles):
+    """The real CSI bridge publishes the owner's volume (bind mount) and stages the delivery."""
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with PlayedNode(cluster, namespace, tmp_path, real_bridge=True) as node, running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        s = wait_for(lambda: ready_on(api, d["base"]), timeout=45, what="Ready on base")
+        pod_uid = s["owners"][0]["uid"]
+        vol = node.volume(pod_uid)
+        assert any(m.mount_point == str(vol) for m in mountinfo_of(vol))
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+        s = wait_for(lambda: ready_on(api, d["rows"]), timeout=45, what="Ready on rows")
+        lt = s["lastTransition"]
+        assert lt["result"] == "succeeded" and lt["strategy"] == "InPlace"
+        assert lt["bytes"]["written"] > 0 and lt["method"] in ("rebase", "reconstruct")
+        bd, = api.deliveries()
+        assert bd["status"]["verified"] is True and bd["metadata"]["finalizers"] == ["bundles.resident.dev/lease"]
+        assert (vol / "current" / "resident-manifest.json").exists()
+        api.delete_model("lm")
+        wait_for(lambda: api.model("lm") is None, timeout=45, what="model gone after the bridge released")
+        assert api.deliveries() == [] and api.pods("resident.dev/model=lm") == []
+        assert not any(m.mount_point == str(vol) for m in mountinfo_of(vol))
+    assert not node.errors, node.errors[-1]
+
+
+def mountinfo_of(path):
+    from csi_bridge import mountinfo
+    return mountinfo.mounts_under(path.parent)
