@@ -95,3 +95,22 @@ def test_graph_and_whole_revisions_are_not_admissible_in_place(volume):
         with pytest.raises(NeedsReload, match=reason):
             live.stage_in_place(open_revision(vol, digests[name]))
     assert live.revision.digest == digests["base"]
+
+
+def test_local_volume_matches_the_bridge_layout(tmp_path):
+    from bundle.manifest import revision_dirname
+    from bundle.scan import build_manifest
+    from owner.local_volume import set_current
+
+    a = make_demo(tmp_path / "a", 128 * 1024, seed=1)
+    b = make_revision(tmp_path / "a", tmp_path / "b", "graph")
+    vol = tmp_path / "vol"
+    assert stage_revision(vol, tmp_path / "a", make_current=True) == a.digest
+    assert stage_revision(vol, tmp_path / "a") == a.digest  # idempotent
+    stage_revision(vol, tmp_path / "b", hardlink=False)
+    assert (vol / "current").readlink().as_posix() == f"revisions/{revision_dirname(a.digest)}"
+    assert build_manifest(vol / "revisions" / revision_dirname(b.digest)).digest == b.digest
+    set_current(vol, b.digest)
+    assert open_revision(vol).digest == b.digest
+    assert sorted(p.name for p in (vol / "revisions").iterdir()) == sorted(
+        revision_dirname(d) for d in (a.digest, b.digest))
