@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundle.manifest import FileEntry, Manifest, ManifestError, check_digest, revision_dirname
+from bundle.manifest import DIGEST_RE, FileEntry, Manifest, ManifestError, check_digest, revision_dirname
 from bundle.scan import read_manifest
 
 
@@ -62,7 +62,9 @@ def open_revision(bundle_dir: Path, digest: str | None = None) -> Revision:
         if not link.exists():
             raise RevisionNotFound(f"{link} does not exist: no current revision was delivered")
         rdir = inside(bundle_dir, link)
-        expected = "sha256:" + rdir.name.removeprefix("sha256-") if rdir.name.startswith("sha256-") else None
+        expected = "sha256:" + rdir.name.removeprefix("sha256-")
+        if not rdir.name.startswith("sha256-") or not DIGEST_RE.match(expected):
+            raise RevisionError(f"{link} points at {rdir.name!r}, not at a revisions/sha256-<hex> directory")
     else:
         try:
             name = revision_dirname(digest)
@@ -77,7 +79,7 @@ def open_revision(bundle_dir: Path, digest: str | None = None) -> Revision:
         manifest = read_manifest(rdir)
     except ManifestError as e:
         raise RevisionError(f"{rdir}: {e}") from None
-    if expected is not None and manifest.digest != check_digest(expected):
+    if manifest.digest != check_digest(expected):
         raise IntegrityError(f"{rdir}: manifest digest {manifest.digest} does not match {expected}")
     return Revision(rdir, manifest)
 

@@ -404,6 +404,19 @@ def test_current_pointing_outside_the_bundle_dir_fails_start(tmp_path, volume):
     assert owner.state == "unloaded"
 
 
+def test_current_must_name_a_revision_by_digest(tmp_path, volume):
+    from owner.runtime import StartupError
+
+    vol, d = volume
+    fake = tmp_path / "fake"
+    (fake / "revisions").mkdir(parents=True)
+    import shutil
+    shutil.copytree(open_revision(vol, d["base"]).dir, fake / "revisions" / "latest")
+    os.symlink("revisions/latest", fake / "current")
+    with pytest.raises(StartupError, match="not at a revisions/sha256-<hex>"):
+        Owner(fake, CpuBackend()).start()
+
+
 def test_warmup_runs_every_variant_before_ready(volume):
     vol, _ = volume
     backend = CountingCpuBackend()
