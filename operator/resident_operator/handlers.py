@@ -66,7 +66,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="resident.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="resident.dev", key="last-handled-configuration")
-    settings.posting.level = logging.WARNING  # our Events are explicit
+    # Events are posted explicitly (kopf.event ignores this level); kopf's own log lines,
+    # e.g. "failed temporarily" every retry while children go away, stay in the logs.
+    settings.posting.level = logging.CRITICAL
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.execution.max_workers = 8
