@@ -124,6 +124,8 @@ def _perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transitio
         got = create_child(ctx, state, bd)
         if got is None:
             raise RuntimeError(f"BundleDelivery {bd['metadata']['name']} is taken by another object")
+        if got["metadata"].get("deletionTimestamp"):
+            return p  # an earlier delivery of this name is still being released: next pass
         deliveries[got["metadata"]["name"]] = got
         ctx.event("DeliveryCreated", f"BundleDelivery {got['metadata']['name']}: stage {t.to[:19]} "
                                      f"into {p.pod} on {p.node} ({t.path})")

@@ -33,11 +33,14 @@ def bundles(tmp_path_factory):
          "graph": make_revision(root / "rows", root / "graph", "graph", chunk_size=CHUNK).digest,
          "bad": make_revision(root / "base", root / "bad", "rows", seed=6, fraction=0.05,
                               chunk_size=CHUNK).digest}
-    weights = root / "bad" / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-1] ^= 0xFF                       # corrupt after the manifest was written
-    weights.write_bytes(bytes(data))
+    flip_last_byte(root / "bad" / "model.safetensors")   # corrupt after the manifest was written
     return root, d
+
+
+def flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def transition_samples(strategy, path, phase="total"):
@@ -145,6 +148,14 @@ def test_failed_delivery_keeps_the_old_identity_and_degrades(cluster, namespace,
         assert node.owner_of(pod_uid).transitions == {}       # the owner was never asked
         wait_for(lambda: deliveries(api) == [], what="the failed delivery to be released")
         assert {"DeliveryFailed", "TransitionFailed"} <= set(api.reasons("lm"))
+        # not retried for the same generation; an edit of the spec retries it (source repaired)
+        assert status(api)["bundle"]["digest"] == d["base"]
+        flip_last_byte(root / "bad" / "model.safetensors")
+        api.patch_spec("lm", {"transition": {"timeoutSeconds": 61}})
+        s = wait_for(lambda: ready_on(api, d["bad"]), what="Ready on the repaired revision")
+        assert s["lastTransition"]["result"] == "succeeded" and s["owners"][0]["uid"] == pod_uid
+        assert condition({"status": s}, "Degraded")["status"] == "False"
+        assert "Recovered" in api.reasons("lm")
 
 
 def test_in_place_refused_for_a_graph_change_touches_nothing(cluster, namespace, node, bundles):
