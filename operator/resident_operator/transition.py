@@ -171,6 +171,10 @@ def advance(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, *, now:
     if p.step != Step.waiting and p.started_at is not None and now - p.started_at > timeout_seconds:
         return _fail(p, now, "Timeout", f"owner {p.pod} did not finish step {p.step.value} "
                                         f"within {timeout_seconds:.0f}s")
+    if p.step in (Step.delivering, Step.applying, Step.verifying) and not obs.pod_exists:
+        return Decision(_to(p, Step.replacing, reason="OwnerReplaced",
+                            message=f"owner Pod {p.pod} disappeared during {p.step.value}"),
+                        [Action.replace_owner])
     handler = _STEPS[p.step]
     return handler(t, p, obs, now)
 
@@ -190,10 +194,6 @@ def _waiting(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: f
 
 def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
     d = obs.delivery
-    if not obs.pod_exists:
-        return Decision(_to(p, Step.replacing, reason="OwnerReplaced",
-                            message=f"owner Pod {p.pod} disappeared during delivery"),
-                        [Action.replace_owner])
     if d is None:
         return Decision(p, [Action.create_delivery])
     if d.failed:

@@ -159,3 +159,13 @@ def test_status_round_trip_uses_camel_case():
     dumped = t.dump()
     assert dumped["from"] == A and dumped["owners"][0]["podUID"] == "u0"
     assert TransitionState.model_validate(dumped) == t
+
+
+@pytest.mark.parametrize("step_", [Step.delivering, Step.applying, Step.verifying])
+def test_owner_pod_gone_mid_step_is_replaced(step_):
+    t = state()
+    p = t.owners[0].model_copy(update={"step": step_, "started_at": 100.0, "delivery": "bd",
+                                       "owner_transition": "ot1"})
+    d = step(t, p, OwnerObservation(pod_exists=False))
+    assert d.progress.step == Step.replacing and d.actions == [Action.replace_owner]
+    assert "disappeared" in d.progress.message
