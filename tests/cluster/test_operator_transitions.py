@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 
+import numpy as np
 import pytest
 
 from bundle.demo import make_demo, make_revision
@@ -213,6 +214,40 @@ def test_quarantined_owner_is_replaced_on_the_target(cluster, namespace, tmp_pat
         assert "OwnerReplaced" in api.reasons("lm")
         children = {c["uid"] for c in status(api)["children"]}
         assert old_uid not in children and pod.metadata.uid in children
+
+
+class CorruptingCpuBackend(CpuBackend):
+    """Test-only: flips one bit in the first row block each in-place update writes, so the
+    owner's read-back verification fails and its journal restores the old rows."""
+
+    def apply_in_place(self, update):
+        self.writes = 0
+        return super().apply_in_place(update)
+
+    def write_rows(self, name, rows, values):
+        self.writes += 1
+        if self.writes == 1:
+            values = values.copy()
+            values[0, 0] ^= np.uint16(1)
+        super().write_rows(name, rows, values)
+
+
+def test_failed_in_place_update_rolls_back_and_degrades(cluster, namespace, tmp_path, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with PlayedNode(cluster, namespace, tmp_path, backend=CorruptingCpuBackend) as node, \
+            running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        pod_uid = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")["owners"][0]["uid"]
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+        wait_for(lambda: last_result(api) == "failed", what="the transition to fail")
+        s = wait_for(lambda: condition(api.model("lm"), "Degraded").get("reason") == "OwnerTransitionFailed"
+                     and status(api), what="Degraded OwnerTransitionFailed")
+        assert s["owners"][0]["uid"] == pod_uid and s["owners"][0]["state"] == "ready"
+        assert s["identity"]["bundle"] == d["base"]                  # rolled back by the owner
+        assert node.owner_of(pod_uid).identity().identity.bundle == d["base"]
+        assert s["ready"] == "1/1" and "OwnerTransitionFailed" in api.reasons("lm")
+        wait_for(lambda: deliveries(api) == [], what="the target delivery to be released")
 
 
 def test_operator_killed_mid_transition_resumes_without_duplicates(cluster, namespace, node, bundles, tmp_path):
