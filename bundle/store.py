@@ -31,13 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .catalog import Catalog, now_ns
+from .catalog import Catalog
 from .errors import PlanError, StoreError, StoreFull
 from .manifest import MANIFEST_NAME, Manifest, check_digest, revision_dirname
 from .materialize import BLOB_MODE, BundleSource, Progress, Tally, build_blob
 from .plan import DeliveryPlan, content_key, plan_delivery
 from .reflink import supports_reflink
-from . import reclaim, store_metrics as metrics
+from . import leases as leasing, reclaim, store_metrics as metrics
+from .leases import Lease
 
 __all__ = ["Store", "MaterializeResult", "Lease"]
 log = logging.getLogger("resident.bundle.store")
@@ -65,13 +66,6 @@ class MaterializeResult:
                 "bytes": {"fetched": self.bytes_fetched, "reused": self.bytes_reused,
                           "written": self.bytes_written},
                 "seconds": round(self.seconds, 6)}
-
-
-@dataclass(frozen=True)
-class Lease:
-    holder: str
-    digest: str
-    created_ns: int
 
 
 class Store:
@@ -299,36 +293,14 @@ class Store:
 
     # -- leases and GC -------------------------------------------------------------
     def acquire_lease(self, holder: str, digest: str) -> bool:
-        """Pin ``digest`` for ``holder``; returns whether the revision is present now.
-
-        A lease may be taken before the revision is materialized (it then pins it from
-        the moment it appears). Taking the same lease again is a no-op; a holder holds one
-        lease, so a different digest for an existing holder is refused.
-        """
-        check_digest(digest)
-        if not holder or holder.startswith("work:"):
-            raise StoreError(f"lease holder {holder!r} must be non-empty and not start with 'work:'")
-        with self.catalog.write() as db:
-            row = db.execute("SELECT digest FROM leases WHERE holder=?", (holder,)).fetchone()
-            if row and row[0] != digest:
-                raise StoreError(f"holder {holder!r} already leases {row[0]}; release it first")
-            if not row:
-                db.execute("INSERT INTO leases VALUES (?,?,?)", (holder, digest, now_ns()))
-            state = db.execute("SELECT state FROM revisions WHERE digest=?", (digest,)).fetchone()
-            db.execute("UPDATE revisions SET last_used_ns=? WHERE digest=?", (now_ns(), digest))
-        log.info("lease acquired", extra={"holder": holder, "digest": digest})
-        return bool(state and state[0] == "ready")
+        """Pin ``digest`` for ``holder``; True if the revision is present now (see leases)."""
+        return leasing.acquire(self.catalog, holder, digest)
 
     def release_lease(self, holder: str) -> bool:
-        with self.catalog.write() as db:
-            n = db.execute("DELETE FROM leases WHERE holder=? AND holder NOT LIKE 'work:%'",
-                           (holder,)).rowcount
-        if n:
-            log.info("lease released", extra={"holder": holder})
-        return bool(n)
+        return leasing.release(self.catalog, holder)
 
     def leases(self) -> list[Lease]:
-        return [Lease(*row) for row in self.catalog.leases()]
+        return leasing.held(self.catalog)
 
     def gc(self, high_water_bytes: int, low_water_bytes: int) -> list[str]:
         """Above ``high_water_bytes``, remove unleased content LRU-first down to ``low``."""
