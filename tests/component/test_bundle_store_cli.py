@@ -129,3 +129,39 @@ def test_resident_dispatches_and_sizes_parse(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "diff" in capsys.readouterr().out
+
+
+def test_two_processes_materialize_one_revision_once(tmp_path, capsys, two_revisions):
+    import subprocess
+    import sys
+    a, _ = two_revisions
+    digest = Manifest.parse((a / MANIFEST_NAME).read_bytes()).digest
+    cmd = [sys.executable, "-m", "resident_cli", "bundle", "--quiet", "materialize",
+           "--store", str(tmp_path / "store"), f"file://{a}", digest]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    methods = sorted(json.loads(out)["method"] for out, _ in outs)
+    assert methods == ["present", "reconstruct"]
+    assert sum(json.loads(out)["bytes"]["fetched"] for out, _ in outs) == 300_000 + len(b"graph")
+
+
+def test_progress_reports_every_byte_once(tmp_path, two_revisions):
+    from bundle.sources import open_source
+    from bundle.store import Store
+    a, b = two_revisions
+    ma = Manifest.parse((a / MANIFEST_NAME).read_bytes())
+    mb = Manifest.parse((b / MANIFEST_NAME).read_bytes())
+    store, seen = Store(tmp_path / "store"), []
+    store.materialize(ma, open_source(f"file://{a}"), progress=seen.append)
+    assert sum(seen) == ma.total_bytes
+    seen.clear()
+    store.materialize(mb, open_source(f"file://{b}"), donor=ma.digest, progress=seen.append)
+    assert sum(seen) == mb.total_bytes
