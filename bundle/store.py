@@ -33,7 +33,7 @@ from typing import Iterator
 
 from .catalog import Catalog
 from .errors import PlanError, StoreError, StoreFull
-from .manifest import MANIFEST_NAME, Manifest, check_digest, revision_dirname
+from .manifest import MANIFEST_NAME, Manifest, check_digest, check_relative_path, revision_dirname
 from .materialize import BLOB_MODE, BundleSource, Progress, Tally, build_blob
 from .plan import DeliveryPlan, content_key, plan_delivery
 from .reflink import supports_reflink
@@ -128,6 +128,8 @@ class Store:
         digest, t0 = manifest.digest, time.monotonic()
         if donor is not None:
             check_digest(donor)
+        for entry in manifest.files:  # defence in depth: a Manifest built without validation
+            check_relative_path(entry.path)
         with self._digest_lock(digest):
             if self.has_revision(digest):
                 self.catalog.touch(digest)

@@ -394,3 +394,16 @@ def test_metrics_and_structured_log_record_a_materialization(tmp_path, caplog):
     line = __import__("json").loads(JSONLineFormatter().format(rec))
     assert line["msg"] == "materialized" and line["method"] == "reconstruct"
     assert line["bytes_written"] == a.total_bytes and line["level"] == "info"
+
+
+def test_an_unvalidated_manifest_with_traversal_is_refused_before_any_write(tmp_path):
+    from bundle.manifest import FileEntry, ManifestError, Role
+    a_dir, a = make_bundle(tmp_path / "a")
+    evil = FileEntry.model_construct(path="../../escape", size=2, sha256=a.files[0].sha256,
+                                     role=Role.config, chunks=())
+    bad = Manifest.model_construct(schema_version=1, chunk_size=CHUNK, files=(evil,))
+    store = Store(tmp_path / "store")
+    with pytest.raises(ManifestError, match="escapes|normalized"):
+        store.materialize(bad, open_source(uri(a_dir)))
+    assert not (tmp_path / "escape").exists() and store.revisions() == []
+    assert list((store.root / "work").iterdir()) == []
