@@ -182,9 +182,10 @@ def test_transition_times_out_when_the_delivery_never_stages(cluster, namespace,
         node.stage_deliveries.clear()
         api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
         wait_for(lambda: last_result(api) == "failed", what="the timeout")
-        s = status(api)
-        assert s["lastTransition"]["reason"] == "Timeout"
-        assert condition({"status": s}, "Degraded")["reason"] == "Timeout"
+        s = wait_for(lambda: condition(api.model("lm"), "Degraded").get("reason") == "Timeout" and status(api),
+                     what="Degraded Timeout")
+        assert s["lastTransition"]["reason"] == "Timeout" and "within 3s" in s["lastTransition"]["message"]
+        assert s["identity"]["bundle"] == d["base"]
         wait_for(lambda: deliveries(api) == [], what="the stuck delivery to be released")
 
 
