@@ -3,7 +3,7 @@
 import pytest
 
 from resident_operator.delivery import DeliveryObservation
-from resident_operator.transition import (Action, Bytes, OwnerObservation, OwnerProgress, Step,
+from resident_operator.transition import (ACTIVE_STEPS, Action, Bytes, OwnerObservation, OwnerProgress, Step,
                                           TransitionState, advance, outcome, owners_to_start)
 from resident_operator.transition_summary import summarize
 
@@ -169,3 +169,32 @@ def test_owner_pod_gone_mid_step_is_replaced(step_):
     d = step(t, p, OwnerObservation(pod_exists=False))
     assert d.progress.step == Step.replacing and d.actions == [Action.replace_owner]
     assert "disappeared" in d.progress.message
+
+
+def test_rollout_of_five_owners_never_exceeds_max_unavailable():
+    """Drive the pure machine like the executor does: every started owner is staged and
+    applied one step per pass; at most two owners are ever between Waiting and Done."""
+    t = state(5)
+    on = {o.slot: A for o in t.owners}
+    seen_active, now = [], 100.0
+    for _ in range(40):
+        startable = set(owners_to_start(t, 2))
+        for i, p in enumerate(t.owners):
+            if p.step == Step.waiting and p.slot not in startable:
+                continue
+            obs = healthy(pod_uid=p.pod_uid, identity_bundle=on[p.slot],
+                          delivery=DeliveryObservation(phase="Staged", verified=True),
+                          owner_transition={"result": "succeeded"})
+            d = step(t, p, obs, now=now)
+            if Action.start_owner_transition in d.actions:
+                on[p.slot] = B              # the owner applies the target
+                d.progress = d.progress.model_copy(update={"owner_transition": f"ot{p.slot}"})
+            if Action.create_delivery in d.actions:
+                d.progress = d.progress.model_copy(update={"delivery": f"bd{p.slot}"})
+            t.owners[i] = d.progress
+        seen_active.append(sum(1 for o in t.owners if o.step in ACTIVE_STEPS))
+        now += 1
+        if outcome(t) != "running":
+            break
+    assert outcome(t) == "succeeded" and set(on.values()) == {B}
+    assert max(seen_active) == 2 and all(n <= 2 for n in seen_active)
