@@ -45,11 +45,11 @@ from .controlplane import ControlPlane
 from .images import pause_image
 from .kubelet import ROOT_DIR as KUBELET_ROOT, default_node_name, kubelet_argv, kubelet_config
 from .processes import ProcessGroup, free_port
-from .teardown import RECORD, HostRecord, mounts_under, restore, take_record
+from .teardown import NODE_LOCK, RECORD, HostRecord, mounts_under, restore, take_record
 
 log = logging.getLogger(__name__)
 
-LOCK = Path("/run/resident/localcluster/node.lock")
+LOCK = NODE_LOCK
 MANAGED_PREFIXES = [str(KUBELET_ROOT), str(CONTAINERD_ROOT), str(CONTAINERD_STATE.parent), "/run/netns"]
 
 
@@ -100,11 +100,16 @@ class LocalCluster(ControlPlane):
         began = time.monotonic()
         self._stopped = False
         self._take_lock()
+        self.timings["lock_wait_seconds"] = round(time.monotonic() - began, 2)
+        began = time.monotonic()
         self._install_sigterm()
         apt_install(PACKAGES)
         ensure_binaries(CONTROL_PLANE + NODE)
         self._recover_earlier_run()
         self.record = take_record(MANAGED_PREFIXES)
+        self.record.runtime_address = str(CONTAINERD_STATE / "containerd.sock")
+        self.record.scratch_dirs = [str(self.state_dir)]
+        self.record.save(RECORD)
         sandbox_image, sandbox_tar = pause_image()
         super().start(timeout)
         self.timings["control_plane_seconds"] = round(time.monotonic() - began, 2)
@@ -134,32 +139,39 @@ class LocalCluster(ControlPlane):
             self.timings[f"teardown_{step}_seconds"] = round(now - last, 2)
             last = now
 
+        errors: list[str] = []
+
+        def attempt(step: str, action) -> None:
+            # every step runs even if an earlier one failed; the host record is restored last
+            try:
+                action()
+            except Exception as e:
+                log.error("teardown step %s failed: %s", step, e)
+                errors.append(f"{step}: {e}")
+
         try:
             if self.port and self.kubelet_processes.children:
-                try:
-                    self._drain_pods()
-                except Exception as e:   # the API server may be the thing that failed
-                    log.warning("could not delete pods before teardown: %s", e)
+                attempt("delete pods", self._drain_pods)
             lap("drain")
-            self.kubelet_processes.stop()
+            attempt("stop kubelet", self.kubelet_processes.stop)
             if self.containerd is not None:
-                try:
-                    self.containerd.remove_workloads()
-                finally:
-                    self.runtime_processes.stop()
-                    self.containerd.stop_shims()
+                attempt("remove containers", self.containerd.remove_workloads)
+                attempt("stop containerd", self.runtime_processes.stop)
+                attempt("stop shims", self.containerd.stop_shims)
             lap("node")
-            super().stop()
+            attempt("stop control plane", super().stop)
             lap("control_plane")
             if self.record is not None:
-                self.leftovers = restore(self.record)
-                self.record = None
+                record, self.record = self.record, None
+                attempt("restore host", lambda: self.leftovers.extend(restore(record)))
             lap("restore")
         finally:
             self._release_lock()
             self.timings["teardown_seconds"] = round(time.monotonic() - began, 2)
         if self.leftovers:
             raise TeardownIncomplete(f"the machine was not fully restored: {self.leftovers}")
+        if errors and not self.leftovers:
+            log.warning("teardown had errors but the machine is restored: %s", errors)
 
     # -- what tests and the demo call ---------------------------------------------------
     def import_image(self, tarball: Path | str) -> list[str]:
@@ -243,7 +255,6 @@ class LocalCluster(ControlPlane):
             return
         log.warning("an earlier local cluster (pid %d) did not finish its teardown; restoring the machine",
                     earlier.taken_by_pid)
-        Containerd(ProcessGroup(self.state_dir / "logs"), sandbox_image="").stop_shims()
         remaining = restore(earlier)
         if remaining:
             raise TeardownIncomplete(f"cannot restore what an earlier run left: {remaining}")

@@ -21,9 +21,11 @@ it, so the true originals are never lost.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from pydantic import BaseModel, Field
 log = logging.getLogger(__name__)
 
 RECORD = Path("/run/resident/localcluster/host.json")
+NODE_LOCK = Path("/run/resident/localcluster/node.lock")   # held by a running LocalCluster
 KUBELET_SYSCTLS = (
     "vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
     "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
@@ -59,6 +62,9 @@ class HostRecord(BaseModel):
     mounts: list[str]
     managed_prefixes: list[str]
     processes: list[RecordedProcess] = Field(default_factory=list)
+    # processes that name this address in their argv belong to the node too (containerd shims)
+    runtime_address: str | None = None
+    scratch_dirs: list[str] = Field(default_factory=list)
     taken_by_pid: int
 
     def save(self, path: Path = RECORD) -> None:
@@ -152,6 +158,9 @@ def leftovers(record: HostRecord) -> list[str]:
         found += [f"{table}: {line}" for line in lines if line not in record.iptables_rules.get(table, [])]
     found += [f"cgroup {c}" for c in kubepods_cgroups() if c not in record.cgroups]
     found += [f"process {p.name} pid {p.pid}" for p in record.processes if _is_running(p)]
+    if record.runtime_address:
+        found += [f"process {p.argv0} pid {p.pid}" for p in runtime_helpers(record.runtime_address)
+                  if _is_running(p)]
     return found
 
 
@@ -165,8 +174,25 @@ def _is_running(p: RecordedProcess) -> bool:
     return state != "Z" and argv0 == p.argv0
 
 
+def runtime_helpers(address: str) -> list[RecordedProcess]:
+    """Processes whose argv names ``address`` (shims of a containerd that may be gone)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if address.encode() in argv:
+            found.append(RecordedProcess(pid=int(entry.name), argv0=argv[0].decode(errors="replace"), name="shim"))
+    return found
+
+
 def stop_processes(record: HostRecord, timeout: float = 10.0) -> None:
     alive = [p for p in reversed(record.processes) if _is_running(p)]
+    if record.runtime_address:
+        alive += runtime_helpers(record.runtime_address)
     for p in alive:
         log.warning("stopping leftover %s (pid %d)", p.name, p.pid)
         _signal(p.pid, signal.SIGTERM)
@@ -260,6 +286,9 @@ def restore(record: HostRecord, path: Path = RECORD) -> list[str]:
     remove_iptables_additions(record)
     remove_new_cgroups(record)
     restore_sysctls(record)
+    for scratch in record.scratch_dirs:
+        if not mounts_under([scratch]):      # never delete through a mount point
+            shutil.rmtree(scratch, ignore_errors=True)
     remaining = leftovers(record)
     if remaining:
         log.error("could not restore the machine completely", extra={"leftovers": remaining})
@@ -281,7 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     if record is None:
         print(f"no host record at {args.record}: nothing to restore")
         return 0
-    remaining = restore(record, args.record)
+    NODE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(NODE_LOCK, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"a LocalCluster is running (it holds {NODE_LOCK}); stop it instead", file=sys.stderr)
+            return 2
+        remaining = restore(record, args.record)
     for item in remaining:
         print(f"left behind: {item}")
     return 1 if remaining else 0

@@ -8,7 +8,11 @@ failed-start test then runs a cluster of its own.
 from __future__ import annotations
 
 import http.client
+import os
+import select
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +25,7 @@ from localcluster.images import pause_image, project_image
 from localcluster.node import LocalCluster, LocalClusterBusy
 from localcluster.oci_layout import OciLayoutError
 from localcluster.processes import free_port
-from localcluster.teardown import RECORD
+from localcluster.teardown import RECORD, HostRecord, restore, runtime_helpers
 
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "vm/panic_on_oom")
 TIMINGS: dict[str, float] = {}
@@ -235,3 +239,64 @@ def test_pause_image_is_cached(tmp_path):
     assert pause_image(cache=tmp_path) == (name, tarball)
     assert tarball.stat().st_mtime_ns == mtime
     assert name.startswith("resident.local/pause:")
+
+
+KILLED_RUN = """
+import time
+from kubernetes import client
+from localcluster.node import LocalCluster
+
+cluster = LocalCluster()
+cluster.start()
+image = next(n for n in cluster.containerd.image_list() if n.startswith("resident.local/pause:"))
+core = client.CoreV1Api(cluster.api_client())
+core.create_namespaced_pod("default", client.V1Pod(
+    metadata=client.V1ObjectMeta(name="left"),
+    spec=client.V1PodSpec(host_network=True, containers=[
+        client.V1Container(name="main", image=image, image_pull_policy="Never")])))
+while core.read_namespaced_pod("left", "default").status.phase != "Running":
+    time.sleep(0.3)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_run_is_restored_by_the_teardown_command(host_before, tmp_path):
+    """SIGKILL the process that runs a node with a Pod: the node outlives it; then
+    ``python -m localcluster.teardown`` restores the machine from the host record."""
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=repo, stdout=subprocess.PIPE,
+                             stderr=open(tmp_path / "child.log", "wb"), text=True, start_new_session=True)
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 180)
+        assert ready and child.stdout.readline().strip() == "ready", (tmp_path / "child.log").read_text()[-3000:]
+        record = HostRecord.load(RECORD)
+        node_pids = [p.pid for p in record.processes]
+        shims = [p.pid for p in runtime_helpers(record.runtime_address)]
+        assert shims, "the Pod's containerd shims run"
+        refused = subprocess.run([sys.executable, "-m", "localcluster.teardown"], cwd=repo, capture_output=True,
+                                 text=True, timeout=60)
+        assert refused.returncode == 2 and "a LocalCluster is running" in refused.stderr
+        assert RECORD.exists() and all(alive(pid) for pid in node_pids)
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        assert all(alive(pid) for pid in node_pids), "the node outlives the killed process"
+        assert sysctls()["vm/overcommit_memory"] == "1"
+
+        result = subprocess.run([sys.executable, "-m", "localcluster.teardown"], cwd=repo, capture_output=True,
+                                text=True, timeout=180)
+        assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+        assert [pid for pid in node_pids + shims if alive(pid)] == []
+        assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
+        assert sysctls() == host_before["sysctls"]
+        assert iptables_state() == host_before["iptables"]
+        assert list(Path("/sys/fs/cgroup").glob("*/kubepods")) == []
+        assert not RECORD.exists()
+        assert not Path(record.scratch_dirs[0]).exists()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        leftover = HostRecord.load(RECORD)
+        if leftover is not None:      # the test failed half-way: do not leave the node running
+            restore(leftover)
