@@ -32,6 +32,8 @@ from .settings import OperatorSettings, settings_from_env
 
 log = logging.getLogger("resident_operator")
 MODEL = (naming.GROUP, naming.VERSION, naming.MODEL_PLURAL)
+# A change handler retries its pass for up to an hour; the resync timer keeps going after.
+CHANGE_TIMEOUT = 3600.0
 TICK_SECONDS = 1.0  # timers fire this often and run a pass when its interval has passed
 
 
@@ -124,17 +126,17 @@ def _pass(namespace: str, name: str, uid: str, *, wait: bool) -> None:
         lock.release()
 
 
-@kopf.on.create(*MODEL, retries=None, backoff=2)
+@kopf.on.create(*MODEL, retries=None, backoff=2, timeout=CHANGE_TIMEOUT)
 def on_create(namespace: str, name: str, uid: str, **_: Any) -> None:
     _pass(namespace, name, uid, wait=True)
 
 
-@kopf.on.update(*MODEL, field="spec", backoff=2)
+@kopf.on.update(*MODEL, field="spec", retries=None, backoff=2, timeout=CHANGE_TIMEOUT)
 def on_update(namespace: str, name: str, uid: str, **_: Any) -> None:
     _pass(namespace, name, uid, wait=True)
 
 
-@kopf.on.resume(*MODEL, backoff=2)
+@kopf.on.resume(*MODEL, retries=None, backoff=2, timeout=CHANGE_TIMEOUT)
 def on_resume(namespace: str, name: str, uid: str, **_: Any) -> None:
     _pass(namespace, name, uid, wait=True)
 
@@ -163,7 +165,7 @@ def sweep(namespace: str, name: str, uid: str, **_: Any) -> None:
         lock.release()
 
 
-@kopf.on.delete(*MODEL, backoff=2)
+@kopf.on.delete(*MODEL, retries=None, backoff=2, timeout=None)  # until every child is gone
 def on_delete(namespace: str, name: str, uid: str, **_: Any) -> None:
     lock = _Runtime.lock(uid)
     if not lock.acquire(timeout=30):
