@@ -22,6 +22,10 @@ from .settings import OperatorSettings
 from .spec import ModelSpec
 
 DIGEST_ANNOTATION = "resident.dev/bundle-digest"
+# Secret files belong to root; the owner image runs as a non-root user (10001) and the Pod
+# sets no fsGroup (vendor images differ), so the token must be world-readable inside the
+# one-container Pod.
+TOKEN_MODE = 0o444
 SOURCE_ANNOTATION = "resident.dev/bundle-source"
 
 
@@ -106,7 +110,7 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
                 "volumeAttributes": {"digest": bundle_digest, "source": bundle_source,
                                      "model": model}}},
             {"name": "owner-token", "secret": {
-                "secretName": naming.token_secret_name(model), "defaultMode": 0o440}},
+                "secretName": naming.token_secret_name(model), "defaultMode": TOKEN_MODE}},
             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
