@@ -171,6 +171,8 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
     """One pass over the transition in flight (starting one if the spec asks for it)."""
     if state.transition is None:
         if spec.bundle.digest == state.bundle.get("digest"):
+            if spec.bundle.source != state.bundle.get("source"):   # same bytes, new location
+                state.commit_bundle(spec.bundle.digest, spec.bundle.source)
             state.set_pending(None)
             return None
         last = state.last_transition or {}
