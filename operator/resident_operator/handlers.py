@@ -27,7 +27,7 @@ from . import metrics, naming
 from .cleanup import delete_recorded_children, prune_records, sweep_orphans
 from .context import ModelContext
 from .kube import Kube, load_config
-from .reconcile import GONE, INVALID, reconcile, state_of
+from .reconcile import INVALID, reconcile, state_of
 from .settings import OperatorSettings, settings_from_env
 
 log = logging.getLogger("resident_operator")
