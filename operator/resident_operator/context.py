@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .kube import Kube
@@ -32,7 +32,6 @@ class ModelContext:
     post_event: EventFn = lambda reason, message, warning: None
     clock: Callable[[], float] = time.time
     token: str = ""
-    notes: list[str] = field(default_factory=list)
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """A Kubernetes Event on the model (for humans) plus a structured log line."""

@@ -21,7 +21,7 @@ from bundle.sources import open_source
 
 from . import children as ch
 from . import metrics, naming
-from .context import ModelContext
+from .context import ModelContext, log
 from .delivery import build_bundle_delivery, observe_delivery
 from .model_state import ModelState
 from .observe import Blocker, OwnerView
@@ -86,8 +86,9 @@ def _observe(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: OwnerPro
         try:
             obs["owner_transition"] = client.transition(p.owner_transition)
         except OwnerUnreachable as e:
-            obs["state"] = None
-            ctx.notes.append(str(e))
+            obs["state"] = None  # unreachable: the step waits (until the timeout)
+            log.info("owner unreachable while applying", extra={"model": f"{ctx.namespace}/{ctx.name}",
+                                                                "error": str(e)})
     return OwnerObservation(**obs)
 
 

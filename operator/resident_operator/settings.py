@@ -32,8 +32,6 @@ class OperatorSettings(BaseModel):
     owner_timeout_seconds: float = Field(default=5.0, gt=0, description="per owner HTTP call")
     resync_seconds: float = Field(default=10.0, gt=0, description="how often a model is re-observed")
     sweep_seconds: float = Field(default=60.0, gt=0, description="how often labelled orphans are swept")
-    delivery_timeout_seconds: float = Field(default=0.0, ge=0,
-                                            description="wait for Staged; 0 = spec.transition.timeoutSeconds")
     readiness_period_seconds: int = Field(default=5, ge=1)
 
 
