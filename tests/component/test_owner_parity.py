@@ -114,3 +114,35 @@ def test_local_volume_matches_the_bridge_layout(tmp_path):
     assert open_revision(vol).digest == b.digest
     assert sorted(p.name for p in (vol / "revisions").iterdir()) == sorted(
         revision_dirname(d) for d in (a.digest, b.digest))
+
+
+def test_reload_closes_the_old_runtime_before_creating_the_new(volume):
+    vol, digests = volume
+    events = []
+
+    class RecordingCpuBackend(CpuBackend):
+        """Test-only: records the order of close and load."""
+
+        def close(self):
+            events.append(("close", self.revision.digest if self.revision else None))
+            super().close()
+
+        def _load(self, rev, keep):
+            events.append(("load", rev.digest, self.weights == {}))
+            return super()._load(rev, keep)
+
+    live = RecordingCpuBackend()
+    live.load(open_revision(vol, digests["base"]))
+    events.clear()
+    live.reload(open_revision(vol, digests["whole"]))
+    assert events == [("close", digests["base"]), ("load", digests["whole"], True)]
+
+
+def test_in_place_to_the_live_revision_changes_nothing(volume):
+    vol, digests = volume
+    live = fresh(vol, digests["base"])
+    before = outputs(live)
+    update = live.stage_in_place(open_revision(vol, digests["base"]))
+    assert update.rows_changed == 0 and update.bytes_read == 0
+    live.apply_in_place(update)
+    assert live.revision.digest == digests["base"] and outputs(live) == before
