@@ -368,3 +368,24 @@ def test_transition_and_cleanup_through_the_real_bridge(cluster, namespace, tmp_
 def mountinfo_of(path):
     from csi_bridge import mountinfo
     return mountinfo.mounts_under(path.parent)
+
+
+def test_two_models_transition_side_by_side_and_delete_independently(cluster, namespace, node, bundles):
+    root, d = bundles
+    api, ports = Api(cluster, namespace), {"a": free_port(), "b": free_port()}
+    with running_operator(namespace):
+        for m in ("a", "b"):
+            api.create_model(m, spec_for(bundles, "base", ports[m]))
+        for m in ("a", "b"):
+            wait_for(lambda: ready_on(api, d["base"], m), what=f"model {m} Ready")
+        api.patch_spec("a", {"bundle": spec_for(bundles, "rows", ports["a"])["bundle"]})
+        api.patch_spec("b", {"bundle": spec_for(bundles, "graph", ports["b"])["bundle"]})
+        sa = wait_for(lambda: ready_on(api, d["rows"], "a"), what="a on rows")
+        sb = wait_for(lambda: ready_on(api, d["graph"], "b"), what="b on graph")
+        assert {c["uid"] for c in sa["children"]}.isdisjoint({c["uid"] for c in sb["children"]})
+        b_pod = sb["owners"][0]["uid"]
+        api.delete_model("a")
+        wait_for(lambda: api.model("a") is None, what="a gone")
+        assert [p.metadata.uid for p in api.pods("resident.dev/model=b")] == [b_pod]
+        assert [bd["spec"]["bundle"]["digest"] for bd in api.deliveries()] == [d["graph"]]
+        assert ready_on(api, d["graph"], "b")
