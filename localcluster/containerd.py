@@ -125,13 +125,36 @@ class Containerd:
     def import_image(self, tarball: Path) -> list[str]:
         """Import an OCI image-layout tarball; return the names it carries, now present."""
         names = image_names(Path(tarball))   # clear errors for a missing or foreign file
-        proc = self.ctr("images", "import", "--digests", str(tarball), check=False)
+        proc = self.ctr("images", "import", str(tarball), check=False)
         if proc.returncode != 0:
             raise ImageImportError(f"ctr images import {tarball} failed: {proc.stderr.strip()}")
         missing = set(names) - self.image_list()
         if missing:
             raise ImageImportError(f"after importing {tarball}, containerd lacks {sorted(missing)}")
         return names
+
+    def _config_digests(self, target: str) -> set[str]:
+        doc = json.loads(self.ctr("content", "get", target).stdout)
+        if "manifests" in doc:
+            return set().union(*(self._config_digests(m["digest"]) for m in doc["manifests"]))
+        return {doc["config"]["digest"]}
+
+    def prune_images(self, prefix: str, keep: set[str]) -> list[str]:
+        """Remove images named ``prefix*`` that are not in ``keep``, and the references that
+        only held them: the CRI's ``sha256:<image id>`` refs. Call it with no containers running."""
+        targets = {}
+        for row in self.ctr("images", "list").stdout.splitlines()[1:]:
+            fields = row.split()
+            if len(fields) >= 3:
+                targets[fields[0]] = fields[2]
+        stale = [n for n in targets if n.startswith(prefix) and n not in keep]
+        named = [n for n in targets if not n.startswith("sha256:") and n not in stale]
+        live_ids = set().union(*(self._config_digests(targets[n]) for n in named)) if named else set()
+        stale += [n for n in targets if n.startswith("sha256:") and n not in live_ids]
+        if stale:
+            self.ctr("images", "remove", "--sync", *sorted(stale))
+            log.info("removed stale images", extra={"images": sorted(stale)})
+        return sorted(stale)
 
     def remove_workloads(self) -> None:
         """Kill every task and remove every container in the CRI namespace."""

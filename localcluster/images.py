@@ -180,6 +180,16 @@ def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Pa
     return name, out
 
 
+def cached_image_names(cache: Path | None = None) -> set[str]:
+    """Names of the images whose tarballs the cache still holds (older ones were pruned)."""
+    cache = cache or images_dir()
+    names = set()
+    for kind in ("pause", "resident"):
+        for path in cache.glob(f"{kind}-*.oci.tar"):
+            names.add(f"resident.local/{kind}:{path.name[len(kind) + 1:-len('.oci.tar')]}")
+    return names
+
+
 def clear_cache(cache: Path | None = None) -> None:
     """Delete every cached image and layer (the next build starts from Debian)."""
     cache = cache or images_dir()

@@ -42,7 +42,7 @@ import yaml
 from .binaries import CONTROL_PLANE, NODE, apt_install, ensure_binaries
 from .containerd import PACKAGES, ROOT as CONTAINERD_ROOT, STATE as CONTAINERD_STATE, Containerd
 from .controlplane import ControlPlane
-from .images import pause_image
+from .images import cached_image_names, pause_image, project_image
 from .kubelet import ROOT_DIR as KUBELET_ROOT, default_node_name, kubelet_argv, kubelet_config
 from .processes import ProcessGroup, free_port
 from .teardown import NODE_LOCK, RECORD, HostRecord, mounts_under, restore, take_record
@@ -116,6 +116,8 @@ class LocalCluster(ControlPlane):
         self.containerd = Containerd(self.runtime_processes, sandbox_image)
         self.containerd.start()
         self.containerd.remove_workloads()   # containers an earlier, crashed run left behind
+        # the image store follows the image cache: what the cache pruned goes here too
+        self.containerd.prune_images("resident.local/", keep=cached_image_names())
         self.containerd.import_image(sandbox_tar)
         self._start_kubelet(sandbox_image)
         kubelet_began = time.monotonic()
@@ -367,10 +369,35 @@ def _ignore_missing(call, *args, **kwargs) -> None:
             raise
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m localcluster.node", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--project-image", action="store_true",
+                        help="build (or reuse) the project image and import it into the node")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the cluster until Ctrl-C or SIGTERM (prints its KUBECONFIG), then tear it down")
+    args = parser.parse_args(argv)
     from bundle.jsonlog import configure
 
     configure(logging.INFO)
     with LocalCluster() as cluster:
+        if args.project_image:
+            name, tarball = project_image()
+            print(f"imported {cluster.import_image(tarball)}")
         print(cluster.kubectl("get", "nodes", "-o", "wide").stdout)
-        print(cluster.timings)
+        print(f"KUBECONFIG={cluster.kubeconfig}  timings={cluster.timings}", flush=True)
+        if args.keep:
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
+    print(f"torn down in {cluster.timings['teardown_seconds']}s; the machine is restored", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

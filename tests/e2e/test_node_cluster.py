@@ -8,11 +8,13 @@ failed-start test then runs a cluster of its own.
 from __future__ import annotations
 
 import http.client
+import io
 import os
 import select
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +23,7 @@ import pytest
 from kubernetes import client
 
 from localcluster.containerd import ROOT as CONTAINERD_ROOT
-from localcluster.images import pause_image, project_image
+from localcluster.images import cached_image_names, pause_image, project_image
 from localcluster.node import LocalCluster, LocalClusterBusy
 from localcluster.oci_layout import OciLayoutError
 from localcluster.processes import free_port
@@ -183,6 +185,30 @@ def test_import_rejects_missing_and_foreign_tarballs(node, tmp_path):
     with pytest.raises(OciLayoutError, match="not a tar archive"):
         node.import_image(not_tar)
     assert node.containerd.image_list() == before
+
+
+def test_image_store_follows_the_image_cache(node, tmp_path):
+    """Images the cache no longer holds leave containerd too, with the CRI's sha256 refs."""
+    name, tarball = pause_image(cache=tmp_path)       # same recipe, another cache: not kept
+    renamed = tmp_path / "renamed.tar"
+    layout_name = "resident.local/stale:1"
+    with tarfile.open(tarball) as src, tarfile.open(renamed, "w") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read()
+            if member.name == "index.json":
+                data = data.replace(name.encode(), layout_name.encode())
+                member.size = len(data)
+            dst.addfile(member, io.BytesIO(data))
+    assert node.import_image(renamed) == [layout_name]
+    listed = node.containerd.image_list()
+    assert layout_name in listed
+    assert not any(n.startswith("import-") for n in listed)
+    removed = node.containerd.prune_images("resident.local/", keep=cached_image_names())
+    assert removed == [layout_name]
+    after = node.containerd.image_list()
+    assert layout_name not in after and node.project_image_name in after
+    # the sandbox image stays, with its CRI reference
+    assert any(n.startswith("sha256:") for n in after)
 
 
 def test_a_second_cluster_is_refused_while_one_runs(node):
