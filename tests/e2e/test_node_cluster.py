@@ -10,11 +10,13 @@ from __future__ import annotations
 import http.client
 import io
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -325,4 +327,37 @@ def test_a_killed_run_is_restored_by_the_teardown_command(host_before, tmp_path)
             child.wait()
         leftover = HostRecord.load(RECORD)
         if leftover is not None:      # the test failed half-way: do not leave the node running
+            restore(leftover)
+
+
+def test_sigterm_tears_the_node_down(host_before, tmp_path):
+    """A node run stopped with SIGTERM (as CI or a terminal would) restores the machine itself."""
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-m", "localcluster.node", "--keep"], cwd=repo,
+                             stdout=subprocess.PIPE, stderr=open(tmp_path / "child.log", "wb"), text=True,
+                             start_new_session=True)
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in child.stdout], daemon=True).start()
+        deadline, line = time.monotonic() + 180, ""
+        while not line.startswith("KUBECONFIG=") and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+        assert line.startswith("KUBECONFIG="), (tmp_path / "child.log").read_text()[-3000:]
+        node_pids = [p.pid for p in HostRecord.load(RECORD).processes]
+        assert sysctls()["vm/overcommit_memory"] == "1"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=120) == 143
+        assert [pid for pid in node_pids if alive(pid)] == []
+        assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
+        assert sysctls() == host_before["sysctls"]
+        assert not RECORD.exists()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        leftover = HostRecord.load(RECORD)
+        if leftover is not None:
             restore(leftover)
