@@ -182,6 +182,18 @@ class LocalCluster(ControlPlane):
             raise RuntimeError("the local cluster is not running; start it before importing images")
         return self.containerd.import_image(Path(tarball))
 
+    def operator_env(self, owner_image: str | None = None) -> dict[str, str]:
+        """Environment for an operator run against this cluster: the single-node setting.
+
+        Owners run with hostNetwork (the only network is loopback) and are reached at
+        127.0.0.1, never at the node's InternalIP (``RESIDENT_*`` as the operator reads them).
+        """
+        env = {"KUBECONFIG": self.kubeconfig, "RESIDENT_OWNER_HOST": "127.0.0.1",
+               "RESIDENT_OWNER_HOST_NETWORK": "true"}
+        if owner_image:
+            env["RESIDENT_OWNER_IMAGE"] = owner_image
+        return env
+
     def wait_for_service_account(self, namespace: str, name: str = "default", timeout: float = 60.0) -> None:
         """Wait until the ServiceAccount exists with its token Secret (Pods need both in 1.20)."""
         from kubernetes import client

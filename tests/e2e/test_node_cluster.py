@@ -1,22 +1,16 @@
 """The local single-node cluster, end to end: a real kubelet + containerd + runc node Ready on
 loopback, the project image (built from Debian packages and the project's wheel, no
 registry) running ``resident --help`` in a hostNetwork Pod, and a teardown that leaves the
-machine as it was. The module shares one LocalCluster; the teardown test stops it, and the
-failed-start test then runs a cluster of its own.
+machine as it was. The module shares one LocalCluster; its last test stops it and checks the
+machine (test_node_teardown.py covers failed starts, SIGKILL and SIGTERM).
 """
 
 from __future__ import annotations
 
 import http.client
 import io
-import os
-import queue
-import select
-import signal
 import subprocess
-import sys
 import tarfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,7 +23,7 @@ from localcluster.images import cached_image_names, pause_image, project_image
 from localcluster.node import LocalCluster, LocalClusterBusy
 from localcluster.oci_layout import OciLayoutError
 from localcluster.processes import free_port
-from localcluster.teardown import RECORD, HostRecord, restore, runtime_helpers
+from localcluster.teardown import RECORD
 
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "vm/panic_on_oom")
 TIMINGS: dict[str, float] = {}
@@ -133,6 +127,13 @@ def test_node_is_ready_and_reached_on_loopback(node):
     assert all(info[4][0].startswith("127.") or info[4][0] == "::1"
                for info in __import__("socket").getaddrinfo(node.node_name, None))
     assert found.status.daemon_endpoints.kubelet_endpoint.port > 0
+    env = node.operator_env(owner_image=node.project_image_name)
+    assert env["RESIDENT_OWNER_HOST"] == "127.0.0.1" and env["RESIDENT_OWNER_HOST_NETWORK"] == "true"
+    from resident_operator.settings import settings_from_env
+
+    settings = settings_from_env(env)          # the operator accepts the single-node setting
+    assert settings.owner_host == "127.0.0.1" and settings.owner_host_network
+    assert settings.owner_image == node.project_image_name
 
 
 def test_project_image_runs_resident_help_in_a_host_network_pod(node, namespace):
@@ -244,120 +245,9 @@ def test_teardown_restores_the_machine(node, host_before):
     assert CONTAINERD_ROOT.is_dir(), "the image store is kept between runs"
 
 
-def test_a_failed_start_leaves_nothing_behind(host_before, tmp_path):
-    """kubelet runs but never registers, so start() times out; teardown must still be complete."""
-    cluster = LocalCluster(state_dir=tmp_path / "state", node_ready_timeout=8,
-                           extra_kubelet_flags=["--register-node=false"])
-    with pytest.raises(TimeoutError, match="not Ready"):
-        with cluster:
-            pass
-    pids = started_pids(cluster)
-    assert {"etcd", "kube-apiserver", "containerd", "kubelet"} <= set(pids)
-    assert [name for name, pid in pids.items() if alive(pid)] == []
-    assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
-    assert sysctls() == host_before["sysctls"]
-    assert iptables_state() == host_before["iptables"]
-    assert not RECORD.exists()
-    assert cluster.leftovers == []
-
-
 def test_pause_image_is_cached(tmp_path):
     name, tarball = pause_image(cache=tmp_path)
     mtime = tarball.stat().st_mtime_ns
     assert pause_image(cache=tmp_path) == (name, tarball)
     assert tarball.stat().st_mtime_ns == mtime
     assert name.startswith("resident.local/pause:")
-
-
-KILLED_RUN = """
-import time
-from kubernetes import client
-from localcluster.node import LocalCluster
-
-cluster = LocalCluster()
-cluster.start()
-image = next(n for n in cluster.containerd.image_list() if n.startswith("resident.local/pause:"))
-core = client.CoreV1Api(cluster.api_client())
-core.create_namespaced_pod("default", client.V1Pod(
-    metadata=client.V1ObjectMeta(name="left"),
-    spec=client.V1PodSpec(host_network=True, containers=[
-        client.V1Container(name="main", image=image, image_pull_policy="Never")])))
-while core.read_namespaced_pod("left", "default").status.phase != "Running":
-    time.sleep(0.3)
-print("ready", flush=True)
-time.sleep(600)
-"""
-
-
-def test_a_killed_run_is_restored_by_the_teardown_command(host_before, tmp_path):
-    """SIGKILL the process that runs a node with a Pod: the node outlives it; then
-    ``python -m localcluster.teardown`` restores the machine from the host record."""
-    repo = Path(__file__).resolve().parents[2]
-    child = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=repo, stdout=subprocess.PIPE,
-                             stderr=open(tmp_path / "child.log", "wb"), text=True, start_new_session=True)
-    try:
-        ready, _, _ = select.select([child.stdout], [], [], 180)
-        assert ready and child.stdout.readline().strip() == "ready", (tmp_path / "child.log").read_text()[-3000:]
-        record = HostRecord.load(RECORD)
-        node_pids = [p.pid for p in record.processes]
-        shims = [p.pid for p in runtime_helpers(record.runtime_address)]
-        assert shims, "the Pod's containerd shims run"
-        refused = subprocess.run([sys.executable, "-m", "localcluster.teardown"], cwd=repo, capture_output=True,
-                                 text=True, timeout=60)
-        assert refused.returncode == 2 and "a LocalCluster is running" in refused.stderr
-        assert RECORD.exists() and all(alive(pid) for pid in node_pids)
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        assert all(alive(pid) for pid in node_pids), "the node outlives the killed process"
-        assert sysctls()["vm/overcommit_memory"] == "1"
-
-        result = subprocess.run([sys.executable, "-m", "localcluster.teardown"], cwd=repo, capture_output=True,
-                                text=True, timeout=180)
-        assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-        assert [pid for pid in node_pids + shims if alive(pid)] == []
-        assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
-        assert sysctls() == host_before["sysctls"]
-        assert iptables_state() == host_before["iptables"]
-        assert list(Path("/sys/fs/cgroup").glob("*/kubepods")) == []
-        assert not RECORD.exists()
-        assert not Path(record.scratch_dirs[0]).exists()
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-        leftover = HostRecord.load(RECORD)
-        if leftover is not None:      # the test failed half-way: do not leave the node running
-            restore(leftover)
-
-
-def test_sigterm_tears_the_node_down(host_before, tmp_path):
-    """A node run stopped with SIGTERM (as CI or a terminal would) restores the machine itself."""
-    repo = Path(__file__).resolve().parents[2]
-    child = subprocess.Popen([sys.executable, "-m", "localcluster.node", "--keep"], cwd=repo,
-                             stdout=subprocess.PIPE, stderr=open(tmp_path / "child.log", "wb"), text=True,
-                             start_new_session=True)
-    try:
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(x) for x in child.stdout], daemon=True).start()
-        deadline, line = time.monotonic() + 180, ""
-        while not line.startswith("KUBECONFIG=") and time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-        assert line.startswith("KUBECONFIG="), (tmp_path / "child.log").read_text()[-3000:]
-        node_pids = [p.pid for p in HostRecord.load(RECORD).processes]
-        assert sysctls()["vm/overcommit_memory"] == "1"
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=120) == 143
-        assert [pid for pid in node_pids if alive(pid)] == []
-        assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
-        assert sysctls() == host_before["sysctls"]
-        assert not RECORD.exists()
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-        leftover = HostRecord.load(RECORD)
-        if leftover is not None:
-            restore(leftover)
