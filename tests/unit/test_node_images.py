@@ -175,3 +175,20 @@ def test_containerd_config_has_the_settings_this_machine_needs(tmp_path):
 
     parsed = tomllib.loads(text)
     assert parsed["grpc"]["address"] == "/s/c.sock"
+
+
+def test_project_tree_and_requirements_errors_are_clear(tmp_path):
+    from localcluster.rootfs import RootfsError, python_requirements
+    from localcluster.wheel_layer import project_files
+
+    with pytest.raises(ProjectTreeError, match="not a git work tree"):
+        project_files(tmp_path)
+    bad = tmp_path / "pyproject.toml"
+    bad.write_text("[project\nname = 1")
+    with pytest.raises(RootfsError, match="cannot read dependencies"):
+        python_requirements(bad)
+    bad.write_text("[project]\nname = 'x'\n")
+    with pytest.raises(RootfsError, match="no \\[project\\] dependencies"):
+        python_requirements(bad)
+    bad.write_text("[project]\ndependencies = ['b>=1', 'a']\n")
+    assert python_requirements(bad) == ["a", "b>=1"]
