@@ -50,7 +50,7 @@ def kubelet_config(port: int, healthz_port: int, client_ca: Path, root_dir: Path
                          "nodefs.inodesFree": "1%", "imagefs.available": "1%"},
         "volumePluginDir": str(root_dir / "volume-plugins"),
         "resolvConf": "/etc/resolv.conf",
-        "nodeStatusUpdateFrequency": "4s",
+        "nodeStatusUpdateFrequency": "1s",
         "syncFrequency": "10s",
         "fileCheckFrequency": "10s",
     }
