@@ -45,7 +45,8 @@ from .controlplane import ControlPlane
 from .images import cached_image_names, pause_image, project_image
 from .kubelet import ROOT_DIR as KUBELET_ROOT, default_node_name, kubelet_argv, kubelet_config
 from .processes import ProcessGroup, free_port
-from .teardown import NODE_LOCK, RECORD, HostRecord, mounts_under, restore, take_record
+from .drain import drain_pods
+from .teardown import NODE_LOCK, RECORD, HostRecord, restore, take_record
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class LocalCluster(ControlPlane):
 
         try:
             if self.port and self.kubelet_processes.children:
-                attempt("delete pods", self._drain_pods)
+                attempt("delete pods", lambda: drain_pods(self.api_client(), self.drain_timeout))
             lap("drain")
             attempt("stop kubelet", self.kubelet_processes.stop)
             if self.containerd is not None:
@@ -304,81 +305,6 @@ class LocalCluster(ControlPlane):
             time.sleep(0.5)
         raise TimeoutError(f"node {self.node_name} not Ready after {timeout}s ({status}); kubelet log:\n"
                            + self.kubelet_processes.log_tail("kubelet"))
-
-    def _drain_pods(self) -> None:
-        """Delete every Pod and wait until kubelet has finished with it (volumes unpublished)."""
-        from kubernetes import client
-
-        api = self.api_client()
-        core, apps, batch = client.CoreV1Api(api), client.AppsV1Api(api), client.BatchV1Api(api)
-        orphan = client.V1DeleteOptions(propagation_policy="Orphan")
-        # controllers first, so nothing recreates what we delete (their Pods stay, orphaned)
-        for lister, deleter in ((apps.list_deployment_for_all_namespaces, apps.delete_namespaced_deployment),
-                                (apps.list_replica_set_for_all_namespaces, apps.delete_namespaced_replica_set),
-                                (apps.list_stateful_set_for_all_namespaces, apps.delete_namespaced_stateful_set),
-                                (batch.list_job_for_all_namespaces, batch.delete_namespaced_job)):
-            for item in lister().items:
-                _ignore_missing(deleter, item.metadata.name, item.metadata.namespace, body=orphan)
-
-        def is_daemon(pod) -> bool:
-            return any(ref.kind == "DaemonSet" for ref in (pod.metadata.owner_references or []))
-
-        # workload Pods before DaemonSet Pods: a CSI plugin run as a DaemonSet must still
-        # be there when kubelet unpublishes the workloads' volumes
-        for wave in ("workloads", "daemons"):
-            if wave == "daemons":
-                for ds in apps.list_daemon_set_for_all_namespaces().items:
-                    _ignore_missing(apps.delete_namespaced_daemon_set, ds.metadata.name, ds.metadata.namespace,
-                                    body=orphan)
-            pods = [p for p in core.list_pod_for_all_namespaces().items if is_daemon(p) == (wave == "daemons")]
-            for pod in pods:
-                _ignore_missing(core.delete_namespaced_pod, pod.metadata.name, pod.metadata.namespace,
-                                grace_period_seconds=2)
-            deadline = time.monotonic() + self.drain_timeout
-            names = {(p.metadata.namespace, p.metadata.name) for p in pods}
-            while names and time.monotonic() < deadline:
-                present = {(p.metadata.namespace, p.metadata.name): p
-                           for p in core.list_pod_for_all_namespaces().items}
-                names &= set(present)
-                for key in list(names):
-                    if _released_by_kubelet(present[key]):
-                        # kubelet would delete the object itself, but only at its next
-                        # status sync (up to 10 s later); its work on the node is done
-                        _ignore_missing(core.delete_namespaced_pod, key[1], key[0], grace_period_seconds=0)
-                        names.discard(key)
-                time.sleep(0.5)
-            for namespace, name in names:
-                log.warning("pod %s/%s did not terminate in %.0fs; deleting it forcibly",
-                            namespace, name, self.drain_timeout)
-                _ignore_missing(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
-
-
-def _released_by_kubelet(pod) -> bool:
-    """A deleted Pod whose containers have all stopped and whose volumes are all torn down."""
-    if pod.metadata.deletion_timestamp is None:
-        return False
-    statuses = list(pod.status.container_statuses or []) + list(pod.status.init_container_statuses or [])
-    if any(s.state is None or s.state.terminated is None for s in statuses):
-        return False
-    pod_dir = KUBELET_ROOT / "pods" / pod.metadata.uid
-    if mounts_under([str(pod_dir)]):
-        return False
-    # kubelet removes a volume's directory only after its TearDown (CSI: NodeUnpublishVolume) succeeded
-    volumes = pod_dir / "volumes"
-    try:
-        return not any(any(kind.iterdir()) for kind in volumes.iterdir() if kind.is_dir())
-    except FileNotFoundError:
-        return True
-
-
-def _ignore_missing(call, *args, **kwargs) -> None:
-    from kubernetes.client.rest import ApiException
-
-    try:
-        call(*args, **kwargs)
-    except ApiException as e:
-        if e.status != 404:
-            raise
 
 
 def main(argv: list[str] | None = None) -> int:
