@@ -1,0 +1,98 @@
+"""Install Resident into a LocalCluster the way a platform team would: the Helm chart.
+
+The project image (operator, bridge and owner in one) is built from Debian packages plus
+the wheel and imported into the node's containerd (:mod:`localcluster.images`); then
+``charts/resident`` is installed with Helm's own library (:mod:`charts.helmenv`) and
+the values a single-node cluster without a Pod network needs: hostNetwork everywhere,
+endpoints on 127.0.0.1, owners reached at 127.0.0.1, and the bridge serving kubelet's
+plugin-registration socket itself (no node-driver-registrar image is available here).
+:func:`install` returns when the operator runs and kubelet has registered the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from .images import project_image
+
+log = logging.getLogger(__name__)
+DRIVER = "bundles.resident.dev"
+NAMESPACE = "resident-system"
+RELEASE = "resident"
+# Owners bind their port on the node (hostNetwork), so the operator's and the bridge's
+# own endpoints stay clear of the owners' default 8080.
+OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT, BRIDGE_METRICS_PORT = 18080, 19090, 19810
+
+
+def local_values(image: str) -> dict:
+    repository, tag = image.rsplit(":", 1)
+    ref = {"repository": repository, "tag": tag}
+    return {
+        "image": {**ref, "pullPolicy": "Never"},
+        "operator": {
+            "hostNetwork": True, "bindAddress": "127.0.0.1",
+            "healthPort": OPERATOR_HEALTH_PORT, "metricsPort": OPERATOR_METRICS_PORT,
+            "owner": {"image": ref, "hostNetwork": True, "host": "127.0.0.1"},
+        },
+        "bridge": {
+            "hostNetwork": True, "bindAddress": "127.0.0.1", "metricsPort": BRIDGE_METRICS_PORT,
+            "registration": {"mode": "builtin"}, "livenessProbe": {"enabled": False},
+        },
+    }
+
+
+@dataclass
+class Installation:
+    image: str
+    namespace: str
+    release: str
+    helm: object
+
+    def uninstall(self) -> None:
+        self.helm.uninstall(self.release)
+
+
+def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
+            timeout: float = 240.0) -> Installation:
+    from charts.helmenv import Helm
+
+    image, tarball = project_image()
+    cluster.import_image(tarball)
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    helm = Helm(kubeconfig=cluster.kubeconfig, namespace=namespace, timeout=timeout)
+    helm.install(release, values=local_values(image))
+    wait_ready(cluster, namespace, timeout)
+    return Installation(image, namespace, release, helm)
+
+
+def wait_ready(cluster, namespace: str, timeout: float) -> None:
+    """Until every Pod in ``namespace`` is Ready and the node lists the CSI driver."""
+    api = cluster.api_client()
+    core, storage = client.CoreV1Api(api), client.StorageV1Api(api)
+    deadline = time.monotonic() + timeout
+    state = "nothing yet"
+    while time.monotonic() < deadline:
+        pods = core.list_namespaced_pod(namespace).items
+        ready = [p.metadata.name for p in pods if any(
+            c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
+        try:
+            drivers = [d.name for d in storage.read_csi_node(cluster.node_name).spec.drivers or []]
+        except ApiException:
+            drivers = []
+        state = f"pods ready {ready} of {[p.metadata.name for p in pods]}; node drivers {drivers}"
+        if pods and len(ready) == len(pods) and DRIVER in drivers:
+            log.info("resident installed: %s", state)
+            return
+        time.sleep(1)
+    raise TimeoutError(f"Resident not ready after {timeout:.0f}s: {state}")

@@ -1,0 +1,216 @@
+"""The end-to-end story, step by step, shared by the demo (which prints) and the e2e tests (which assert).
+
+A demo model is generated in four revisions: A (base), B (graph file changed), C (0.5% of
+the rows of the projection and LM-head tensors changed) and D (rows changed again). They
+are pushed to a real HTTP bundle server on 127.0.0.1 (``bundle.sources.httpserve``), which
+the operator and the bridge reach from their hostNetwork Pods. A ResidentModel on A is
+applied; then three transitions run: A->B graph-only, B->C in place, and C->D as a whole
+bundle rebased on C with a reload. Every figure shown comes from the ResidentModel's
+status; the node-side checks read the bridge's SQLite databases (read-only) and
+``/proc/self/mountinfo``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from base64 import b64decode
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from .processes import ProcessGroup, free_port
+
+GROUP, VERSION = "resident.dev", "v1alpha1"
+BRIDGE_ROOT = Path("/var/lib/resident-bridge")   # the chart's bridge.storeDir
+CHUNK = 256 * 1024  # small chunks: a row change touches little of a small demo model
+
+
+@dataclass
+class Revisions:
+    a: str
+    b: str
+    c: str
+    d: str
+
+
+def make_bundles(work: Path, size_bytes: int) -> tuple[Revisions, dict[str, Path]]:
+    from bundle.demo import make_demo, make_revision
+
+    dirs = {k: work / f"rev-{k}" for k in "abcd"}
+    digests = {}
+    if not (dirs["d"] / "resident-manifest.json").exists():
+        make_demo(dirs["a"], size_bytes, seed=7, chunk_size=CHUNK)
+        make_revision(dirs["a"], dirs["b"], "graph", seed=1, chunk_size=CHUNK)
+        make_revision(dirs["b"], dirs["c"], "rows", fraction=0.005, seed=2, chunk_size=CHUNK)
+        make_revision(dirs["c"], dirs["d"], "rows", fraction=0.005, seed=3, chunk_size=CHUNK)
+    from bundle.scan import read_manifest
+    for k, d in dirs.items():
+        digests[k] = read_manifest(d).digest
+    return Revisions(**digests), dirs
+
+
+class BundleServer:
+    """``python -m bundle.sources.httpserve`` on 127.0.0.1, stopped by PID."""
+
+    def __init__(self, root: Path, log_dir: Path):
+        self.root, self.port = root, free_port()
+        self.processes = ProcessGroup(log_dir)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "BundleServer":
+        self.processes.start("bundle-server", [sys.executable, "-m", "bundle.sources.httpserve",
+                                               "--root", str(self.root), "--port", str(self.port)])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            self.processes.check_alive()
+            try:
+                requests.get(self.url + "/", timeout=1)
+                return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise TimeoutError("bundle server did not answer")
+
+    def __exit__(self, *exc) -> None:
+        self.processes.stop()
+
+    def push(self, bundle_dir: Path) -> str:
+        from bundle.sources import push
+        return push(bundle_dir, self.url)
+
+
+def model_body(name: str, source: str, digest: str, port: int = 8080) -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResidentModel",
+        "metadata": {"name": name},
+        "spec": {"accelerator": "cpu", "replicas": 1,
+                 "bundle": {"source": source, "digest": digest},
+                 "runtime": {"backend": "cpu", "port": port},
+                 "transition": {"timeoutSeconds": 300}},
+    }
+
+
+class Story:
+    """One ResidentModel in one namespace of a running LocalCluster with Resident installed."""
+
+    def __init__(self, cluster, namespace: str, name: str):
+        self.cluster, self.namespace, self.name = cluster, namespace, name
+        api = cluster.api_client()
+        self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+    # -- the model -------------------------------------------------------------------
+    def apply(self, body: dict) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "residentmodels", body)
+
+    def get(self) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                        "residentmodels", self.name)
+
+    def patch_spec(self, spec: dict) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "residentmodels",
+                                                   self.name, {"spec": spec})
+
+    def wait(self, what: str, predicate, timeout: float = 300.0) -> dict:
+        deadline = time.monotonic() + timeout
+        rm: dict = {}
+        while time.monotonic() < deadline:
+            rm = self.get()
+            if predicate(rm):
+                return rm
+            time.sleep(0.5)
+        status = rm.get("status", {})
+        raise TimeoutError(f"{self.name}: not {what} after {timeout:.0f}s; phase={status.get('phase')} "
+                           f"conditions={json.dumps(status.get('conditions'))[:1500]}")
+
+    def wait_ready(self, digest: str, timeout: float = 300.0) -> dict:
+        return self.wait(f"Ready on {digest[:19]}", lambda rm: (
+            rm.get("status", {}).get("phase") == "Ready"
+            and rm["status"].get("identity", {}).get("bundle") == digest
+            and rm["status"].get("observedGeneration") == rm["metadata"]["generation"]), timeout)
+
+    def transition(self, spec: dict, timeout: float = 300.0) -> dict:
+        """Patch the spec and wait for the model to be Ready on the new digest; return lastTransition."""
+        self.patch_spec(spec)
+        rm = self.wait_ready(spec["bundle"]["digest"], timeout)
+        last = rm["status"].get("lastTransition") or {}
+        if last.get("to") != spec["bundle"]["digest"]:
+            raise AssertionError(f"lastTransition is not to the new digest: {last}")
+        return last
+
+    # -- the owner -------------------------------------------------------------------
+    def token(self) -> str:
+        secret = self.core.read_namespaced_secret(f"{self.name}-owner-token", self.namespace)
+        return b64decode(secret.data["token"]).decode()
+
+    def generate(self, prompt: str, max_tokens: int = 12, port: int = 8080) -> dict:
+        answer = requests.post(f"http://127.0.0.1:{port}/v1/generate", timeout=60,
+                               headers={"Authorization": f"Bearer {self.token()}"},
+                               json={"prompt": prompt, "maxTokens": max_tokens})
+        answer.raise_for_status()
+        return answer.json()
+
+    # -- cleanup ---------------------------------------------------------------------
+    def delete_and_wait_gone(self, timeout: float = 180.0) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, "residentmodels", self.name)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.get()
+            except ApiException as e:
+                if e.status == 404:
+                    return
+                raise
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} still exists after {timeout:.0f}s (finalizer not removed)")
+
+    def leftovers(self) -> dict[str, list]:
+        """What is left of the model anywhere: API objects, leases, publications, mounts."""
+        selector = f"resident.dev/model={self.name}"
+        pods = [p.metadata.name for p in self.core.list_namespaced_pod(
+            self.namespace, label_selector=selector).items]
+        deliveries = [d["metadata"]["name"] for d in self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "bundledeliveries")["items"]]
+        return {"pods": pods, "bundleDeliveries": deliveries, **node_state()}
+
+
+def node_state(root: Path = BRIDGE_ROOT) -> dict[str, list]:
+    """Leases and publications in the bridge's databases, and CSI mounts on the node."""
+    def rows(db: Path, query: str) -> list:
+        if not db.exists():
+            return []
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return [list(r) for r in conn.execute(query)]
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if "kubernetes.io~csi" in line.split()[4]]
+    return {"leases": rows(root / "store" / "store.db", "SELECT holder, digest FROM leases"),
+            "publications": rows(root / "bridge.db", "SELECT target_path, state FROM publications"),
+            "csiMounts": mounts}
+
+
+def transition_row(label: str, last: dict) -> list[str]:
+    b, d = last.get("bytes") or {}, last.get("durations") or {}
+    mib = lambda n: f"{(n or 0) / 2**20:.1f}"
+    sec = lambda x: f"{x or 0:.2f}"
+    return [label, str(last.get("path")), str(last.get("method")), str(last.get("strategy")),
+            mib(b.get("fetched")), mib(b.get("reused")), mib(b.get("written")),
+            sec(d.get("deliverSeconds")), sec(d.get("applySeconds")),
+            sec(d.get("firstTokenSeconds")), sec(d.get("totalSeconds")), str(last.get("result"))]
+
+
+TABLE_HEADER = ["transition", "path", "method", "strategy", "fetched MiB", "reused MiB",
+                "written MiB", "deliver s", "apply s", "1st token s", "total s", "result"]
+
+
+def format_table(rows: list[list[str]]) -> str:
+    table = [TABLE_HEADER, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(TABLE_HEADER))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in table)
