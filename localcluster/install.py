@@ -4,13 +4,14 @@ The project image (operator, bridge and owner in one) is built from Debian packa
 the wheel and imported into the node's containerd (:mod:`localcluster.images`); then
 ``charts/resident`` is installed with Helm's own library (:mod:`charts.helmenv`) and
 the values a single-node cluster without a Pod network needs: hostNetwork everywhere,
-endpoints on 127.0.0.1, owners reached at 127.0.0.1, and the bridge serving kubelet's
+endpoints on 127.0.0.1, owners and the API server reached at 127.0.0.1, and the bridge serving kubelet's
 plugin-registration socket itself (no node-driver-registrar image is available here).
 :func:`install` returns when the operator runs and kubelet has registered the driver.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -29,19 +30,24 @@ RELEASE = "resident"
 OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT, BRIDGE_METRICS_PORT = 18080, 19090, 19810
 
 
-def local_values(image: str) -> dict:
+def local_values(image: str, api_port: int) -> dict:
     repository, tag = image.rsplit(":", 1)
     ref = {"repository": repository, "tag": tag}
+    # No service network here: in-cluster clients reach the API server on the node's loopback.
+    api_env = [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+               {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}]
     return {
         "image": {**ref, "pullPolicy": "Never"},
         "operator": {
             "hostNetwork": True, "bindAddress": "127.0.0.1",
             "healthPort": OPERATOR_HEALTH_PORT, "metricsPort": OPERATOR_METRICS_PORT,
             "owner": {"image": ref, "hostNetwork": True, "host": "127.0.0.1"},
+            "extraEnv": api_env,
         },
         "bridge": {
             "hostNetwork": True, "bindAddress": "127.0.0.1", "metricsPort": BRIDGE_METRICS_PORT,
             "registration": {"mode": "builtin"}, "livenessProbe": {"enabled": False},
+            "extraEnv": api_env,
         },
     }
 
@@ -71,7 +77,7 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
         if e.status != 409:
             raise
     helm = Helm(kubeconfig=cluster.kubeconfig, namespace=namespace, timeout=timeout)
-    helm.install(release, values=local_values(image))
+    helm.install(release, values=local_values(image, cluster.port))
     wait_ready(cluster, namespace, timeout)
     return Installation(image, namespace, release, helm)
 
@@ -79,17 +85,17 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
 def wait_ready(cluster, namespace: str, timeout: float) -> None:
     """Until every Pod in ``namespace`` is Ready and the node lists the CSI driver."""
     api = cluster.api_client()
-    core, storage = client.CoreV1Api(api), client.StorageV1Api(api)
+    core = client.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     state = "nothing yet"
     while time.monotonic() < deadline:
         pods = core.list_namespaced_pod(namespace).items
         ready = [p.metadata.name for p in pods if any(
             c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
-        try:
-            drivers = [d.name for d in storage.read_csi_node(cluster.node_name).spec.drivers or []]
-        except ApiException:
-            drivers = []
+        # raw JSON: the client's model refuses a CSINode whose drivers list is still null
+        csinode = cluster.kubectl("get", "csinode", cluster.node_name, "-o", "json", check=False)
+        drivers = [d["name"] for d in (json.loads(csinode.stdout).get("spec", {}).get("drivers") or [])
+                   ] if csinode.returncode == 0 else []
         state = f"pods ready {ready} of {[p.metadata.name for p in pods]}; node drivers {drivers}"
         if pods and len(ready) == len(pods) and DRIVER in drivers:
             log.info("resident installed: %s", state)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-DEBIAN_PACKAGES = ("python3", "python3-venv", "mount", "ca-certificates")
+DEBIAN_PACKAGES = ("python3", "python3-venv", "mount", "ca-certificates", "libstdc++6")
 # the non-root user the chart runs the operator and owners as (runAsUser/runAsGroup)
 USER_ID = 10001
 VENV = "/opt/resident"

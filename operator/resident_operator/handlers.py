@@ -17,8 +17,10 @@ taken skips its turn; a change handler waits, then retries via TemporaryError).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -81,7 +83,28 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """KUBECONFIG as it is when the operator starts (not when a client library was imported),
     else the in-cluster service account."""
-    return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
+    return kopf.login_with_kubeconfig(**kwargs) or _login_in_cluster(**kwargs)
+
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def _login_in_cluster(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The service account against ``KUBERNETES_SERVICE_HOST:PORT``, as client-go does.
+
+    kopf's own service-account login always dials ``kubernetes.default.svc``, which needs
+    cluster DNS; the environment variables kubelet sets (or a Pod overrides, as clusters
+    without a service network do) work everywhere.
+    """
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not (host and port and (SERVICE_ACCOUNT / "token").exists()):
+        return kopf.login_with_service_account(**kwargs)
+    host = f"[{host}]" if ":" in host else host
+    namespace = SERVICE_ACCOUNT / "namespace"
+    return kopf.ConnectionInfo(
+        server=f"https://{host}:{port}", ca_path=str(SERVICE_ACCOUNT / "ca.crt"),
+        token=(SERVICE_ACCOUNT / "token").read_text().strip(),
+        default_namespace=namespace.read_text().strip() if namespace.exists() else None)
 
 
 def _context(namespace: str, name: str) -> ModelContext | None:
