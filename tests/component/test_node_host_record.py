@@ -48,7 +48,7 @@ def test_restore_undoes_chains_rules_mounts_and_sysctls(node_lock, tmp_path):
     managed = tmp_path / "managed"
     (managed / "a" / "b").mkdir(parents=True)
     source = tmp_path / "source"
-    source.mkdir()
+    (source / "b").mkdir(parents=True)      # the nested mount point, seen through the bind mount
     record_path = tmp_path / "host.json"
     original_panic = SYSCTL.read_text().strip()
     chain = f"KUBE-TEST-{uuid.uuid4().hex[:6].upper()}"
@@ -60,11 +60,11 @@ def test_restore_undoes_chains_rules_mounts_and_sysctls(node_lock, tmp_path):
         iptables("-A", "INPUT", "-m", "comment", "--comment", "resident test jump", "-j", chain)
         iptables("-t", "nat", "-N", chain)
         subprocess.run(["mount", "--bind", str(source), str(managed / "a")], check=True)
-        subprocess.run(["mount", "-t", "tmpfs", "none", str(managed / "a" / "b")], check=False)
+        subprocess.run(["mount", "-t", "tmpfs", "none", str(managed / "a" / "b")], check=True)
         SYSCTL.write_text("17")
         found = leftovers(record)
         assert f"sysctl kernel/panic=17 (was {original_panic})" in found
-        assert f"mount {managed / 'a'}" in found
+        assert f"mount {managed / 'a'}" in found and f"mount {managed / 'a' / 'b'}" in found
         assert any(chain in item for item in found)
 
         assert restore(record, path=record_path) == []
