@@ -137,9 +137,12 @@ def test_node_is_ready_and_reached_on_loopback(node):
 
 
 def test_project_image_runs_resident_help_in_a_host_network_pod(node, namespace):
-    """As the chart runs it: the non-root resident user (10001), read-only root file system."""
+    """As the chart runs it: the non-root resident user (10001), read-only root file system;
+    every component and its native dependencies (grpcio needs libstdc++) import."""
     core = client.CoreV1Api(node.api_client())
-    pod = host_network_pod("help", node.project_image_name, ["sh", "-c", "id -u; exec resident --help"])
+    imports = "import grpc, numpy, safetensors, kopf, kubernetes, pydantic, bundle, csi_bridge, owner, resident_operator"
+    pod = host_network_pod("help", node.project_image_name, [
+        "sh", "-c", f"id -u && python3 -c '{imports}' && exec resident --help"])
     pod.spec.containers[0].security_context = client.V1SecurityContext(
         run_as_user=10001, run_as_group=10001, run_as_non_root=True, read_only_root_filesystem=True,
         allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"]))
