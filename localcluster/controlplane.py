@@ -202,8 +202,12 @@ class ControlPlane:
         return config.new_client_from_config(config_file=self.kubeconfig)
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], text=True,
-                              capture_output=True, check=check, input=input)
+        done = subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}",
+                               f"--cache-dir={self.state_dir / 'kubectl-cache'}", *args],
+                              text=True, capture_output=True, input=input)
+        if check and done.returncode:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
 
     def install_crds(self, crd_dir: Path = CRD_DIR, timeout: float = 30.0) -> list[str]:
         """Create (or replace) every CRD in ``crd_dir`` and wait until each is Established."""
@@ -224,6 +228,14 @@ class ControlPlane:
                 body["metadata"]["resourceVersion"] = current.metadata.resource_version
                 ext.replace_custom_resource_definition(name, body)
             names.append(name)
+        self.wait_established(names, timeout)
+        return names
+
+    def wait_established(self, names: list[str], timeout: float = 30.0) -> None:
+        """Wait until each named CRD is Established (served, and so in discovery)."""
+        from kubernetes import client
+
+        ext = client.ApiextensionsV1Api(self.api_client())
         deadline = time.monotonic() + timeout
         for name in names:
             while True:
@@ -234,7 +246,6 @@ class ControlPlane:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"CRD {name} not Established: {conds}")
                 time.sleep(0.2)
-        return names
 
 
 if __name__ == "__main__":

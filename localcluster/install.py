@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 DRIVER = "bundles.resident.dev"
 NAMESPACE = "resident-system"
 RELEASE = "resident"
+CRDS = ["residentmodels.resident.dev", "bundledeliveries.resident.dev"]
 # Owners bind their port on the node (hostNetwork), so the operator's and the bridge's
 # own endpoints stay clear of the owners' default 8080.
 OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT, BRIDGE_METRICS_PORT = 18080, 19090, 19810
@@ -78,6 +79,7 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
             raise
     helm = Helm(kubeconfig=cluster.kubeconfig, namespace=namespace, timeout=timeout)
     helm.install(release, values=local_values(image, cluster.port))
+    cluster.wait_established(CRDS)
     wait_ready(cluster, namespace, timeout)
     return Installation(image, namespace, release, helm)
 
