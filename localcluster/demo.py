@@ -52,13 +52,14 @@ def run(size_mib: int, work: Path, keep: bool) -> int:
 
         cluster.kubectl("create", "namespace", NAMESPACE)
         cluster.wait_for_service_account(NAMESPACE)
-        story = Story(cluster, NAMESPACE, NAME)
+        story = Story(cluster, NAMESPACE, NAME, installation.bridge_root)
         step(f"applying ResidentModel {NAMESPACE}/{NAME} on revision A")
         story.apply(model_body(NAME, server.url, revs.a))
         story.wait_ready(revs.a)
         print(cluster.kubectl("get", "rm", "-n", NAMESPACE).stdout, end="")
         answer = story.generate("Resident keeps models")
-        print(f"    owner generated: {answer['text']!r} (first token {answer['firstTokenSeconds']:.3f}s)")
+        print(f"    owner generated tokens {answer['tokens']} (first token {answer['firstTokenSeconds']:.3f}s;"
+              " the demo model has random weights)")
 
         rows = []
         for label, spec in [
@@ -73,7 +74,7 @@ def run(size_mib: int, work: Path, keep: bool) -> int:
             rows.append(transition_row(label, last))
             print("    " + format_table(rows[-1:]).splitlines()[1])
         answer = story.generate("Resident keeps models")
-        print(f"    owner on revision D generated: {answer['text']!r}")
+        print(f"    owner on revision D generated tokens {answer['tokens']}")
         step("transitions, from the ResidentModel's status.lastTransition")
         print(format_table(rows))
         print(cluster.kubectl("describe", "rm", NAME, "-n", NAMESPACE).stdout.split("Events:")[-1][:3000])

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -31,7 +32,7 @@ CRDS = ["residentmodels.resident.dev", "bundledeliveries.resident.dev"]
 OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT, BRIDGE_METRICS_PORT = 18080, 19090, 19810
 
 
-def local_values(image: str, api_port: int) -> dict:
+def local_values(image: str, api_port: int, bridge_root: Path) -> dict:
     repository, tag = image.rsplit(":", 1)
     ref = {"repository": repository, "tag": tag}
     # No service network here: in-cluster clients reach the API server on the node's loopback.
@@ -47,6 +48,7 @@ def local_values(image: str, api_port: int) -> dict:
         },
         "bridge": {
             "hostNetwork": True, "bindAddress": "127.0.0.1", "metricsPort": BRIDGE_METRICS_PORT,
+            "storeDir": str(bridge_root),
             "registration": {"mode": "builtin"}, "livenessProbe": {"enabled": False},
             "extraEnv": api_env,
         },
@@ -59,6 +61,7 @@ class Installation:
     namespace: str
     release: str
     helm: object
+    bridge_root: Path
 
     def uninstall(self) -> None:
         self.helm.uninstall(self.release)
@@ -78,10 +81,12 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
         if e.status != 409:
             raise
     helm = Helm(kubeconfig=cluster.kubeconfig, namespace=namespace, timeout=timeout)
-    helm.install(release, values=local_values(image, cluster.port))
+    # a store of this cluster's own, so every run delivers from scratch; it goes with the cluster
+    bridge_root = cluster.state_dir / "bridge"
+    helm.install(release, values=local_values(image, cluster.port, bridge_root))
     cluster.wait_established(CRDS)
     wait_ready(cluster, namespace, timeout)
-    return Installation(image, namespace, release, helm)
+    return Installation(image, namespace, release, helm, bridge_root)
 
 
 def wait_ready(cluster, namespace: str, timeout: float) -> None:

@@ -28,7 +28,6 @@ from kubernetes.client.rest import ApiException
 from .processes import ProcessGroup, free_port
 
 GROUP, VERSION = "resident.dev", "v1alpha1"
-BRIDGE_ROOT = Path("/var/lib/resident-bridge")   # the chart's bridge.storeDir
 CHUNK = 256 * 1024  # small chunks: a row change touches little of a small demo model
 
 
@@ -102,8 +101,9 @@ def model_body(name: str, source: str, digest: str, port: int = 8080) -> dict:
 class Story:
     """One ResidentModel in one namespace of a running LocalCluster with Resident installed."""
 
-    def __init__(self, cluster, namespace: str, name: str):
+    def __init__(self, cluster, namespace: str, name: str, bridge_root: Path):
         self.cluster, self.namespace, self.name = cluster, namespace, name
+        self.bridge_root = bridge_root
         api = cluster.api_client()
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
 
@@ -179,10 +179,10 @@ class Story:
             self.namespace, label_selector=selector).items]
         deliveries = [d["metadata"]["name"] for d in self.custom.list_namespaced_custom_object(
             GROUP, VERSION, self.namespace, "bundledeliveries")["items"]]
-        return {"pods": pods, "bundleDeliveries": deliveries, **node_state()}
+        return {"pods": pods, "bundleDeliveries": deliveries, **node_state(self.bridge_root)}
 
 
-def node_state(root: Path = BRIDGE_ROOT) -> dict[str, list]:
+def node_state(root: Path) -> dict[str, list]:
     """Leases and publications in the bridge's databases, and CSI mounts on the node."""
     def rows(db: Path, query: str) -> list:
         if not db.exists():

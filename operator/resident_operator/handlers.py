@@ -165,8 +165,12 @@ def on_resume(namespace: str, name: str, uid: str, **_: Any) -> None:
 
 
 @kopf.timer(*MODEL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
-def resync(namespace: str, name: str, uid: str, **_: Any) -> None:
-    if _Runtime.due("resync", uid, _Runtime.settings.resync_seconds):
+def resync(namespace: str, name: str, uid: str, status: dict, **_: Any) -> None:
+    """Observe again every ``resync_seconds`` when settled; every tick while a transition
+    or a placement is under way, so each step follows the previous one without a wait."""
+    settled = not status.get("transition") and status.get("phase") in ("Ready", "Degraded")
+    interval = _Runtime.settings.resync_seconds if settled else TICK_SECONDS
+    if _Runtime.due("resync", uid, interval):
         _pass(namespace, name, uid, wait=False)
 
 

@@ -1,0 +1,159 @@
+"""The whole chain on a real node: API server -> operator -> owner Pod -> kubelet -> CSI bridge ->
+owner runtime -> transition -> cleanup, with Resident installed by its Helm chart.
+
+Each step is asserted from the API (ResidentModel status, Pods, BundleDeliveries) and from
+the node (CSI mounts in /proc/self/mountinfo, the bridge's leases and publications in its
+SQLite databases, revision trees in the volume). The tests run in order on one cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from localcluster.install import install
+from localcluster.node import LocalCluster
+from localcluster.scenario import BundleServer, Story, make_bundles, model_body, node_state
+
+SIZE = 16 * 2**20
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    work = tmp_path_factory.mktemp("story")
+    revs, dirs = make_bundles(work, SIZE)
+    with LocalCluster() as cluster, BundleServer(work / "served", work / "logs") as server:
+        for d in dirs.values():
+            server.push(d)
+        installation = install(cluster)
+        yield cluster, server, revs, installation
+
+
+def _story(world, namespace: str, name: str = "story") -> Story:
+    cluster, installation = world[0], world[3]
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.wait_for_service_account(namespace)
+    return Story(cluster, namespace, name, installation.bridge_root)
+
+
+def _owner_pod(story: Story) -> client.V1Pod:
+    pods = story.core.list_namespaced_pod(story.namespace, label_selector=f"resident.dev/model={story.name}").items
+    assert len(pods) == 1, [p.metadata.name for p in pods]
+    return pods[0]
+
+
+def _volume_dir(bridge_root: Path, pod_uid: str) -> Path:
+    """The bridge's volume directory published for this Pod (from its publications table)."""
+    import sqlite3
+    with sqlite3.connect(f"file:{bridge_root / 'bridge.db'}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT volume_dir FROM publications WHERE pod_uid = ?", (pod_uid,)).fetchall()
+    assert len(rows) == 1, rows
+    return Path(rows[0][0])
+
+
+def test_model_is_served_transitions_and_is_cleaned_up(world):
+    cluster, server, revs, _ = world
+    story = _story(world, "e2e-story")
+    story.apply(model_body(story.name, server.url, revs.a))
+    rm = story.wait_ready(revs.a)
+    assert rm["status"]["ready"] == "1/1"
+    conditions = {c["type"]: c["status"] for c in rm["status"]["conditions"]}
+    assert conditions["Ready"] == "True" and conditions["Delivered"] == "True"
+
+    # the node: one read-only CSI mount for the owner Pod, a lease on A, a publication
+    pod = _owner_pod(story)
+    state = node_state(story.bridge_root)
+    mine = [m for m in state["csiMounts"] if pod.metadata.uid in m]
+    assert len(mine) == 1
+    options = next(l.split()[5] for l in Path("/proc/self/mountinfo").read_text().splitlines()
+                   if l.split()[4] == mine[0])
+    assert options.split(",")[0] == "ro"
+    assert [revs.a] == [d for h, d in state["leases"] if h.startswith("volume:")]
+    volume = _volume_dir(story.bridge_root, pod.metadata.uid)
+    assert os.readlink(volume / "current") == f"revisions/{revs.a.replace(':', '-')}"
+
+    answer = story.generate("hello", max_tokens=6)
+    assert answer["identity"]["bundle"] == revs.a and len(answer["tokens"]) == 6
+
+    # graph-only: only the graph file moves
+    last = story.transition({"bundle": {"source": server.url, "digest": revs.b}})
+    assert (last["path"], last["method"], last["result"]) == ("GraphOnly", "graph-only", "succeeded")
+    assert last["bytes"]["fetched"] < 64 * 1024 and last["bytes"]["reused"] >= SIZE
+    assert (volume / "revisions" / revs.b.replace(":", "-")).is_dir()
+
+    # rows: a whole-bundle rebase on B, applied in place
+    last = story.transition({"bundle": {"source": server.url, "digest": revs.c}})
+    assert (last["path"], last["method"], last["strategy"], last["result"]) == (
+        "WholeBundle", "rebase", "InPlace", "succeeded")
+    assert 0 < last["bytes"]["fetched"] < 0.5 * SIZE
+    pod_after = _owner_pod(story)
+    assert pod_after.metadata.uid == pod.metadata.uid  # in place: the same Pod, no restart
+    assert story.generate("hello", max_tokens=6)["identity"]["bundle"] == revs.c
+
+    # whole bundle with a reload, rebased on C
+    last = story.transition({"bundle": {"source": server.url, "digest": revs.d},
+                             "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+    assert (last["path"], last["method"], last["strategy"], last["result"]) == (
+        "WholeBundle", "rebase", "Reload", "succeeded")
+    assert story.generate("hello", max_tokens=6)["identity"]["bundle"] == revs.d
+    leased = {d for _, d in node_state(story.bridge_root)["leases"]}
+    assert revs.d in leased and revs.a not in leased  # old revisions released
+
+    events = cluster.kubectl("describe", "rm", story.name, "-n", story.namespace).stdout
+    for reason in ("TransitionPlanned", "DeliveryStaged", "OwnerTransitionApplied", "TransitionSucceeded"):
+        assert reason in events
+
+    story.delete_and_wait_gone()
+    _assert_nothing_left(story)
+
+
+def _assert_nothing_left(story: Story, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = story.leftovers()
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert left == {"pods": [], "bundleDeliveries": [], "leases": [], "publications": [], "csiMounts": []}
+
+
+def _wait_transition_started(story: Story, timeout: float = 60.0) -> None:
+    story.wait("transitioning", lambda rm: bool(rm.get("status", {}).get("transition")), timeout)
+
+
+def test_operator_restarted_mid_transition_resumes_without_duplicates(world):
+    cluster, server, revs, installation = world
+    story = _story(world, "e2e-restart")
+    story.apply(model_body(story.name, server.url, revs.b))
+    story.wait_ready(revs.b)
+    owner_uid = _owner_pod(story).metadata.uid
+    story.patch_spec({"bundle": {"source": server.url, "digest": revs.c}})
+    _wait_transition_started(story)
+    operators = story.core.list_namespaced_pod(installation.namespace,
+                                               label_selector="app.kubernetes.io/component=operator").items
+    assert len(operators) == 1
+    story.core.delete_namespaced_pod(operators[0].metadata.name, installation.namespace, grace_period_seconds=0)
+    last = story.transition({"bundle": {"source": server.url, "digest": revs.c}}, timeout=300)
+    assert last["result"] == "succeeded"
+    assert _owner_pod(story).metadata.uid == owner_uid
+    deliveries = story.custom.list_namespaced_custom_object("resident.dev", "v1alpha1", story.namespace,
+                                                            "bundledeliveries")["items"]
+    assert [d["spec"]["bundle"]["digest"] for d in deliveries] == [revs.c]
+    story.delete_and_wait_gone()
+    _assert_nothing_left(story)
+
+
+def test_model_deleted_while_transitioning_is_cleaned_up(world):
+    cluster, server, revs, _ = world
+    story = _story(world, "e2e-delete")
+    story.apply(model_body(story.name, server.url, revs.c))
+    story.wait_ready(revs.c)
+    story.patch_spec({"bundle": {"source": server.url, "digest": revs.d},
+                      "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+    _wait_transition_started(story)
+    story.delete_and_wait_gone()
+    _assert_nothing_left(story)
