@@ -47,9 +47,23 @@ def _mount(source: str | None, target: str, flags: int) -> None:
 def bind_read_only(source: Path, target: Path, between=None) -> mountinfo.Mount:
     """Bind ``source`` onto ``target`` read-only and return the verified mountinfo entry.
 
-    ``between`` is called after the bind and before the read-only remount (a crash point).
+    A remount changes only the mount it is applied to, not its copies in peer mount
+    namespaces: under kubelet's Bidirectional pods dir, remounting the target read-only
+    would leave the host's (and so the container runtime's) copy writable. So the source
+    is first bound read-only at a private staging point next to it, and the target is a
+    bind of that read-only mount: a new mount, and every propagated copy of it, inherits
+    the flag. ``between`` is called after the target bind (a crash point).
     """
-    _mount(str(source), str(target), MS_BIND)
+    staging = source.parent / f".{source.name}.ro"
+    staging.mkdir(exist_ok=True)
+    unmount_all(staging)
+    try:
+        _mount(str(source), str(staging), MS_BIND)
+        _mount(None, str(staging), MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        _mount(str(staging), str(target), MS_BIND)
+    finally:
+        unmount_all(staging)
+        staging.rmdir()
     if between is not None:
         between()
     try:
