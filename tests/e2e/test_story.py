@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from bundle.scan import read_manifest
 from localcluster.install import install
 from localcluster.node import LocalCluster
 from localcluster.scenario import BundleServer, Story, make_bundles, model_body, node_state
@@ -30,7 +31,7 @@ def world(tmp_path_factory):
         for d in dirs.values():
             server.push(d)
         installation = install(cluster)
-        yield cluster, server, revs, installation
+        yield cluster, server, revs, installation, dirs
 
 
 def _story(world, namespace: str, name: str = "story") -> Story:
@@ -46,17 +47,8 @@ def _owner_pod(story: Story) -> client.V1Pod:
     return pods[0]
 
 
-def _volume_dir(bridge_root: Path, pod_uid: str) -> Path:
-    """The bridge's volume directory published for this Pod (from its publications table)."""
-    import sqlite3
-    with sqlite3.connect(f"file:{bridge_root / 'bridge.db'}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT volume_dir FROM publications WHERE pod_uid = ?", (pod_uid,)).fetchall()
-    assert len(rows) == 1, rows
-    return Path(rows[0][0])
-
-
 def test_model_is_served_transitions_and_is_cleaned_up(world):
-    cluster, server, revs, _ = world
+    cluster, server, revs, _, dirs = world
     story = _story(world, "e2e-story")
     story.apply(model_body(story.name, server.url, revs.a))
     rm = story.wait_ready(revs.a)
@@ -73,7 +65,7 @@ def test_model_is_served_transitions_and_is_cleaned_up(world):
                    if l.split()[4] == mine[0])
     assert options.split(",")[0] == "ro"
     assert [revs.a] == [d for h, d in state["leases"] if h.startswith("volume:")]
-    volume = _volume_dir(story.bridge_root, pod.metadata.uid)
+    volume = Path(mine[0])  # what the owner container sees, through kubelet's target path
     assert os.readlink(volume / "current") == f"revisions/{revs.a.replace(':', '-')}"
 
     answer = story.generate("hello", max_tokens=6)
@@ -82,7 +74,9 @@ def test_model_is_served_transitions_and_is_cleaned_up(world):
     # graph-only: only the graph file moves
     last = story.transition({"bundle": {"source": server.url, "digest": revs.b}})
     assert (last["path"], last["method"], last["result"]) == ("GraphOnly", "graph-only", "succeeded")
-    assert last["bytes"]["fetched"] < 64 * 1024 and last["bytes"]["reused"] >= SIZE
+    size_b = read_manifest(dirs["b"]).total_bytes
+    assert last["bytes"]["fetched"] < 64 * 1024
+    assert last["bytes"]["fetched"] + last["bytes"]["reused"] == size_b
     assert (volume / "revisions" / revs.b.replace(":", "-")).is_dir()
 
     # rows: a whole-bundle rebase on B, applied in place
@@ -100,8 +94,10 @@ def test_model_is_served_transitions_and_is_cleaned_up(world):
     assert (last["path"], last["method"], last["strategy"], last["result"]) == (
         "WholeBundle", "rebase", "Reload", "succeeded")
     assert story.generate("hello", max_tokens=6)["identity"]["bundle"] == revs.d
-    leased = {d for _, d in node_state(story.bridge_root)["leases"]}
-    assert revs.d in leased and revs.a not in leased  # old revisions released
+    # the volume's lease pins what it was published with until unpublish; of the delivered
+    # revisions only the live one stays leased (B's and C's deliveries were deleted)
+    leases = sorted((h.split(":")[0], d) for h, d in node_state(story.bridge_root)["leases"])
+    assert leases == [("delivery", revs.d), ("volume", revs.a)]
 
     events = cluster.kubectl("describe", "rm", story.name, "-n", story.namespace).stdout
     for reason in ("TransitionPlanned", "DeliveryStaged", "OwnerTransitionApplied", "TransitionSucceeded"):
@@ -126,7 +122,7 @@ def _wait_transition_started(story: Story, timeout: float = 60.0) -> None:
 
 
 def test_operator_restarted_mid_transition_resumes_without_duplicates(world):
-    cluster, server, revs, installation = world
+    cluster, server, revs, installation, _ = world
     story = _story(world, "e2e-restart")
     story.apply(model_body(story.name, server.url, revs.b))
     story.wait_ready(revs.b)
@@ -148,7 +144,7 @@ def test_operator_restarted_mid_transition_resumes_without_duplicates(world):
 
 
 def test_model_deleted_while_transitioning_is_cleaned_up(world):
-    cluster, server, revs, _ = world
+    cluster, server, revs, _, _ = world
     story = _story(world, "e2e-delete")
     story.apply(model_body(story.name, server.url, revs.c))
     story.wait_ready(revs.c)
