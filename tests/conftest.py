@@ -8,6 +8,7 @@ comes from the folder a test lives in.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -54,10 +55,22 @@ def namespace(cluster):
     name = f"t-{uuid.uuid4().hex[:10]}"
     core = client.CoreV1Api(cluster.api_client())
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    _wait_for_default_token(core, name)
     try:
         yield name
     finally:
         core.delete_namespace(name)
+
+
+def _wait_for_default_token(core, namespace: str, timeout: float = 30.0) -> None:
+    """1.20 refuses Pods until the default ServiceAccount has its token Secret."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        accounts = core.list_namespaced_service_account(namespace).items
+        if any(sa.metadata.name == "default" and sa.secrets for sa in accounts):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"namespace {namespace}: no token for the default ServiceAccount after {timeout}s")
 
 
 def pytest_terminal_summary(terminalreporter):
