@@ -25,6 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent.parent))  # the repository: charts/ (Helm) is not installed
 
 import benchkit  # noqa: E402
 
@@ -47,6 +48,7 @@ def recompute(raw: dict) -> dict:
     for part in ("deliver_seconds", "apply_seconds", "first_token_seconds", "fetched", "written"):
         summary[part] = {arm: benchkit.stats([s[part] for s in raw["samples"] if s["arm"] == arm])["median"]
                          for arm in ARMS}
+    summary["deliver_ratios"] = benchkit.summarize(raw["samples"], "deliver_seconds", RATIOS)["ratios"]
     return summary
 
 
