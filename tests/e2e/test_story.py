@@ -153,3 +153,93 @@ def test_model_deleted_while_transitioning_is_cleaned_up(world):
     _wait_transition_started(story)
     story.delete_and_wait_gone()
     _assert_nothing_left(story)
+
+
+def _owner_pids() -> list[int]:
+    """PIDs of owner runtimes on this node (processes of containers are host processes)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"owner" in argv and b"--bundle-dir" in argv:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _settled(rm: dict) -> bool:
+    status = rm.get("status", {})
+    return not status.get("transition") and status.get("phase") in ("Ready", "Degraded")
+
+
+def test_owner_killed_mid_in_place_transition_ends_on_one_identity(world):
+    cluster, server, revs, _, _ = world
+    story = _story(world, "e2e-owner-kill")
+    story.apply(model_body(story.name, server.url, revs.b))
+    story.wait_ready(revs.b)
+    story.patch_spec({"bundle": {"source": server.url, "digest": revs.c}})
+    _wait_transition_started(story)
+    pids = _owner_pids()
+    assert len(pids) == 1
+    os.kill(pids[0], 9)
+    # kubelet restarts the container; the operator retries, replaces or reports Degraded
+    rm = story.wait("settled after the owner was killed", _settled, timeout=300)
+    status = rm["status"]
+    assert status["identity"]["bundle"] in (revs.b, revs.c)
+    if status["phase"] == "Ready":
+        served = story.generate("hello", max_tokens=4)["identity"]
+        assert served["bundle"] == status["identity"]["bundle"]  # never a mix
+    story.delete_and_wait_gone()
+    _assert_nothing_left(story)
+
+
+def test_bridge_pod_deleted_mid_stage_keeps_leases_and_mounts(world):
+    cluster, server, revs, installation, _ = world
+    story = _story(world, "e2e-bridge-kill")
+    story.apply(model_body(story.name, server.url, revs.c))
+    story.wait_ready(revs.c)
+    story.patch_spec({"bundle": {"source": server.url, "digest": revs.d},
+                      "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+    deadline = time.monotonic() + 60
+    while not story.custom.list_namespaced_custom_object(
+            "resident.dev", "v1alpha1", story.namespace, "bundledeliveries")["items"]:
+        assert time.monotonic() < deadline, "no BundleDelivery was created"
+        time.sleep(0.1)
+    bridges = story.core.list_namespaced_pod(installation.namespace,
+                                             label_selector="app.kubernetes.io/component=bridge").items
+    assert len(bridges) == 1
+    story.core.delete_namespaced_pod(bridges[0].metadata.name, installation.namespace, grace_period_seconds=0)
+    last = story.transition({"bundle": {"source": server.url, "digest": revs.d},
+                             "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+    assert last["result"] == "succeeded"
+    # the DaemonSet brought the bridge back; the owner's mount and leases survived it
+    pod = _owner_pod(story)
+    state = node_state(story.bridge_root)
+    assert len([m for m in state["csiMounts"] if pod.metadata.uid in m]) == 1
+    assert sorted(h.split(":")[0] for h, _ in state["leases"]) == ["delivery", "volume"]
+    assert story.generate("hello", max_tokens=4)["identity"]["bundle"] == revs.d
+    story.delete_and_wait_gone()
+    _assert_nothing_left(story)
+
+
+def test_bridge_pod_deleted_mid_publish_the_owner_still_starts(world):
+    cluster, server, revs, installation, _ = world
+    story = _story(world, "e2e-bridge-publish")
+    story.apply(model_body(story.name, server.url, revs.a))
+    deadline = time.monotonic() + 60
+    while not story.core.list_namespaced_pod(story.namespace,
+                                             label_selector=f"resident.dev/model={story.name}").items:
+        assert time.monotonic() < deadline, "no owner Pod was created"
+        time.sleep(0.1)
+    bridges = story.core.list_namespaced_pod(installation.namespace,
+                                             label_selector="app.kubernetes.io/component=bridge").items
+    story.core.delete_namespaced_pod(bridges[0].metadata.name, installation.namespace, grace_period_seconds=0)
+    story.wait_ready(revs.a)  # kubelet retried NodePublishVolume against the new bridge Pod
+    pod = _owner_pod(story)
+    state = node_state(story.bridge_root)
+    assert len([m for m in state["csiMounts"] if pod.metadata.uid in m]) == 1
+    assert [d for h, d in state["leases"] if h.startswith("volume:")] == [revs.a]
+    story.delete_and_wait_gone()
+    _assert_nothing_left(story)
