@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import time
 
-import grpc
-
 from . import arguments
 from .proto import csi_pb2, csi_pb2_grpc
 from .publisher import Publisher

@@ -21,7 +21,6 @@ watches, RBAC and admission are what a cluster would do.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import shutil
 import ssl

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 import sys
 import time
 from base64 import b64decode

@@ -25,34 +25,9 @@ from localcluster.oci_layout import OciLayoutError
 from localcluster.processes import free_port
 from localcluster.teardown import RECORD
 
-KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "vm/panic_on_oom")
+from machine_state import alive, iptables_state, mounts_below, sysctls
+
 TIMINGS: dict[str, float] = {}
-
-
-# -- the machine, read independently of localcluster.teardown ----------------------------
-def sysctls() -> dict[str, str]:
-    return {k: Path("/proc/sys", k).read_text().strip() for k in KUBELET_SYSCTLS}
-
-
-def mounts_below(*prefixes: str) -> list[str]:
-    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    return [p for p in points if any(p == x or p.startswith(x + "/") for x in prefixes)]
-
-
-def iptables_state() -> str:
-    out = []
-    for binary in ("iptables", "ip6tables"):
-        for table in ("filter", "nat", "mangle"):
-            out.append(subprocess.run([binary, "-w", "5", "-t", table, "-S"], capture_output=True, text=True).stdout)
-    return "\n".join(out)
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def started_pids(cluster: LocalCluster) -> dict[str, int]:

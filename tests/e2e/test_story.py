@@ -169,6 +169,13 @@ def _owner_pids() -> list[int]:
     return pids
 
 
+def _wait_until(what: str, probe, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.1)
+
+
 def _settled(rm: dict) -> bool:
     status = rm.get("status", {})
     return not status.get("transition") and status.get("phase") in ("Ready", "Degraded")
@@ -202,11 +209,8 @@ def test_bridge_pod_deleted_mid_stage_keeps_leases_and_mounts(world):
     story.wait_ready(revs.c)
     story.patch_spec({"bundle": {"source": server.url, "digest": revs.d},
                       "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
-    deadline = time.monotonic() + 60
-    while not story.custom.list_namespaced_custom_object(
-            "resident.dev", "v1alpha1", story.namespace, "bundledeliveries")["items"]:
-        assert time.monotonic() < deadline, "no BundleDelivery was created"
-        time.sleep(0.1)
+    _wait_until("a BundleDelivery exists", lambda: story.custom.list_namespaced_custom_object(
+        "resident.dev", "v1alpha1", story.namespace, "bundledeliveries")["items"])
     bridges = story.core.list_namespaced_pod(installation.namespace,
                                              label_selector="app.kubernetes.io/component=bridge").items
     assert len(bridges) == 1
@@ -228,11 +232,8 @@ def test_bridge_pod_deleted_mid_publish_the_owner_still_starts(world):
     cluster, server, revs, installation, _ = world
     story = _story(world, "e2e-bridge-publish")
     story.apply(model_body(story.name, server.url, revs.a))
-    deadline = time.monotonic() + 60
-    while not story.core.list_namespaced_pod(story.namespace,
-                                             label_selector=f"resident.dev/model={story.name}").items:
-        assert time.monotonic() < deadline, "no owner Pod was created"
-        time.sleep(0.1)
+    _wait_until("an owner Pod exists", lambda: story.core.list_namespaced_pod(
+        story.namespace, label_selector=f"resident.dev/model={story.name}").items)
     bridges = story.core.list_namespaced_pod(installation.namespace,
                                              label_selector="app.kubernetes.io/component=bridge").items
     story.core.delete_namespaced_pod(bridges[0].metadata.name, installation.namespace, grace_period_seconds=0)
