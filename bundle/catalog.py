@@ -23,6 +23,8 @@ GC never removes a revision leased before it looked.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -54,12 +56,19 @@ class Catalog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        db = self._connect()  # (a Connection's own context manager does not close it)
+        # Switching to WAL takes an exclusive lock that SQLite's busy handler does not wait
+        # for: two processes opening a new store at once would see "database is locked".
+        lock = os.open(f"{path}.init.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            db = self._connect()  # (a Connection's own context manager does not close it)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(SCHEMA)
+            finally:
+                db.close()
         finally:
-            db.close()
+            os.close(lock)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=60, isolation_level=None)

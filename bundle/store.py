@@ -77,8 +77,33 @@ class Store:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(self.root / "store.db")
         self.reflink = supports_reflink(self.root / "work")
-        self.reclaimed = reclaim.reclaim(self)
+        self.reclaimed = self._reclaim_if_idle()
         metrics.STORE_BYTES.set(self.usage_bytes())
+
+    # -- activity: reclaim only when no other process works in the store -----------
+    @contextlib.contextmanager
+    def _active(self, mode: int) -> Iterator[bool]:
+        """flock ``activity.lock``: shared while materializing or collecting, exclusive for
+        reclaim. Yields False when a non-blocking request could not be granted."""
+        fd = os.open(self.root / "activity.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, mode)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def _reclaim_if_idle(self) -> dict[str, int]:
+        """Reclaim what interrupted work left, unless another process (or another Store of
+        this one) is materializing right now: its work in progress would look abandoned."""
+        with self._active(fcntl.LOCK_EX | fcntl.LOCK_NB) as idle:
+            if idle:
+                return reclaim.reclaim(self)
+        log.info("store busy in another process; reclaim deferred to the next open")
+        return {"work": 0, "trees": 0, "blobs": 0}
 
     # -- paths and lookups ---------------------------------------------------------
     def blob_path(self, key: str) -> Path:
@@ -130,7 +155,7 @@ class Store:
             check_digest(donor)
         for entry in manifest.files:  # defence in depth: a Manifest built without validation
             check_relative_path(entry.path)
-        with self._digest_lock(digest):
+        with self._active(fcntl.LOCK_SH), self._digest_lock(digest):
             if self.has_revision(digest):
                 self.catalog.touch(digest)
                 return MaterializeResult(digest, self.revision_path(digest), "present", None,
@@ -308,7 +333,8 @@ class Store:
         """Above ``high_water_bytes``, remove unleased content LRU-first down to ``low``."""
         if low_water_bytes > high_water_bytes or low_water_bytes < 0:
             raise ValueError("need 0 <= low_water_bytes <= high_water_bytes")
-        removed = reclaim.collect(self, high_water_bytes, low_water_bytes)
+        with self._active(fcntl.LOCK_SH):
+            removed = reclaim.collect(self, high_water_bytes, low_water_bytes)
         metrics.STORE_BYTES.set(self.usage_bytes())
         return removed
 
