@@ -17,7 +17,6 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,12 @@ import requests
 
 from bundle.cli import main
 from bundle.manifest import MANIFEST_NAME, Manifest
-from localcluster.binaries import apt_install
 from localcluster.processes import ProcessGroup, free_port
+
+from servers import running_registry, wait_for
 
 SIZE = "4MiB"
 CHUNK = "64KiB"
-REGISTRY_BIN = "/usr/bin/docker-registry"
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,20 +63,6 @@ def tree(root: Path) -> dict[str, bytes]:
             assert p.is_file() and not p.is_symlink(), p
             files[str(p.relative_to(root))] = p.read_bytes()
     return files
-
-
-def wait_for(url: str, group: ProcessGroup, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        group.check_alive()
-        try:
-            requests.get(url, timeout=1)
-            return
-        except requests.ConnectionError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not answer {url} in {timeout:.0f} s")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -128,27 +113,8 @@ def http_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def oci_registry(tmp_path_factory):
     """Debian's docker-registry with filesystem storage on 127.0.0.1; yields host:port."""
-    if not os.path.exists(REGISTRY_BIN):
-        apt_install(("docker-registry",))
-    work = tmp_path_factory.mktemp("registry")
-    port = free_port()
-    config = work / "config.yml"
-    config.write_text(f"""version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: {work / 'data'}
-http:
-  addr: 127.0.0.1:{port}
-""")
-    group = ProcessGroup(work / "logs")
-    try:
-        group.start("docker-registry", [REGISTRY_BIN, "serve", str(config)])
-        wait_for(f"http://127.0.0.1:{port}/v2/", group, "docker-registry")
-        yield f"127.0.0.1:{port}"
-    finally:
-        group.stop()
+    with running_registry(tmp_path_factory.mktemp("registry")) as (hostport, _):
+        yield hostport
 
 
 def sent_bytes(url: str) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import os
@@ -27,51 +26,12 @@ from bundle.sources import RetryPolicy, fetch_verified, open_source, push, push_
 from bundle.sources.oci import CONFIG_TYPE, LAYER_TYPE, TITLE, push_oci
 from bundle.sources.oci_auth import Credentials
 from bundle.sources.oci_registry import OCI_MANIFEST, Reference, Registry
-from localcluster.binaries import apt_install
-from localcluster.processes import ProcessGroup, free_port
+from localcluster.processes import free_port
+
+from servers import running_registry
 
 CHUNK = 8192
 FAST = RetryPolicy(attempts=3, backoff_seconds=0.01, connect_timeout_seconds=2, read_timeout_seconds=5)
-REGISTRY_BIN = "/usr/bin/docker-registry"
-
-
-@contextlib.contextmanager
-def running_registry(work: Path, auth_yaml: str = ""):
-    """A real docker-registry (distribution v2) on a free loopback port; stopped by PID after.
-
-    Yields ("127.0.0.1:PORT", storage root). ``auth_yaml`` is the config's ``auth:`` section.
-    """
-    if not os.path.exists(REGISTRY_BIN):
-        apt_install(("docker-registry",))
-    port = free_port()
-    config = work / "config.yml"
-    config.write_text(f"""version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: {work / 'data'}
-http:
-  addr: 127.0.0.1:{port}
-{auth_yaml}""")
-    group = ProcessGroup(work / "logs")
-    try:
-        group.start("docker-registry", [REGISTRY_BIN, "serve", str(config)])
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            group.check_alive()
-            try:
-                requests.get(url + "/v2/", timeout=1)
-                break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("docker-registry did not answer /v2/ in 20 s")
-            time.sleep(0.05)
-        yield f"127.0.0.1:{port}", work / "data"
-    finally:
-        group.stop()
 
 
 @pytest.fixture(scope="module")
