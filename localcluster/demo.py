@@ -23,7 +23,8 @@ from pathlib import Path
 
 from .install import install
 from .node import LocalCluster
-from .scenario import BundleServer, Story, format_table, make_bundles, model_body, transition_row
+from .scenario import (BundleServer, Story, format_table, make_bundles, model_body, transition_row,
+                       whole_bundle_reload)
 
 NAMESPACE, NAME = "demo", "tiny-lm"
 
@@ -65,9 +66,7 @@ def run(size_mib: int, work: Path, keep: bool) -> int:
         for label, spec in [
             ("A->B graph", {"bundle": {"source": server.url, "digest": revs.b}}),
             ("B->C rows", {"bundle": {"source": server.url, "digest": revs.c}}),
-            ("C->D rebase", {"bundle": {"source": server.url, "digest": revs.d},
-                             "delivery": {"mode": "WholeBundle"},
-                             "transition": {"strategy": "Reload"}}),
+            ("C->D rebase", whole_bundle_reload(server.url, revs.d)),
         ]:
             step(f"transition {label}")
             last = story.transition(spec)

@@ -97,6 +97,13 @@ def model_body(name: str, source: str, digest: str, port: int = 8080) -> dict:
     }
 
 
+def whole_bundle_reload(source: str, digest: str) -> dict:
+    """A spec change to ``digest`` delivered as a whole bundle (rebased on the live
+    revision when enough is reused) and applied by a reload."""
+    return {"bundle": {"source": source, "digest": digest},
+            "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}}
+
+
 class Story:
     """One ResidentModel in one namespace of a running LocalCluster with Resident installed."""
 

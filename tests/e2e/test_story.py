@@ -18,7 +18,8 @@ from kubernetes import client
 from bundle.scan import read_manifest
 from localcluster.install import install
 from localcluster.node import LocalCluster
-from localcluster.scenario import BundleServer, Story, make_bundles, model_body, node_state
+from localcluster.scenario import (BundleServer, Story, make_bundles, model_body, node_state,
+                                  whole_bundle_reload)
 
 SIZE = 16 * 2**20
 
@@ -39,6 +40,14 @@ def _story(world, namespace: str, name: str = "story") -> Story:
     cluster.kubectl("create", "namespace", namespace)
     cluster.wait_for_service_account(namespace)
     return Story(cluster, namespace, name, installation.bridge_root)
+
+
+def _ready(world, namespace: str, digest: str) -> Story:
+    """A model applied in a fresh namespace and Ready on ``digest``."""
+    story = _story(world, namespace)
+    story.apply(model_body(story.name, world[1].url, digest))
+    story.wait_ready(digest)
+    return story
 
 
 def _owner_pod(story: Story) -> client.V1Pod:
@@ -89,8 +98,7 @@ def test_model_is_served_transitions_and_is_cleaned_up(world):
     assert story.generate("hello", max_tokens=6)["identity"]["bundle"] == revs.c
 
     # whole bundle with a reload, rebased on C
-    last = story.transition({"bundle": {"source": server.url, "digest": revs.d},
-                             "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+    last = story.transition(whole_bundle_reload(server.url, revs.d))
     assert (last["path"], last["method"], last["strategy"], last["result"]) == (
         "WholeBundle", "rebase", "Reload", "succeeded")
     assert story.generate("hello", max_tokens=6)["identity"]["bundle"] == revs.d
@@ -123,9 +131,7 @@ def _wait_transition_started(story: Story, timeout: float = 60.0) -> None:
 
 def test_operator_restarted_mid_transition_resumes_without_duplicates(world):
     cluster, server, revs, installation, _ = world
-    story = _story(world, "e2e-restart")
-    story.apply(model_body(story.name, server.url, revs.b))
-    story.wait_ready(revs.b)
+    story = _ready(world, "e2e-restart", revs.b)
     owner_uid = _owner_pod(story).metadata.uid
     story.patch_spec({"bundle": {"source": server.url, "digest": revs.c}})
     _wait_transition_started(story)
@@ -145,11 +151,8 @@ def test_operator_restarted_mid_transition_resumes_without_duplicates(world):
 
 def test_model_deleted_while_transitioning_is_cleaned_up(world):
     cluster, server, revs, _, _ = world
-    story = _story(world, "e2e-delete")
-    story.apply(model_body(story.name, server.url, revs.c))
-    story.wait_ready(revs.c)
-    story.patch_spec({"bundle": {"source": server.url, "digest": revs.d},
-                      "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+    story = _ready(world, "e2e-delete", revs.c)
+    story.patch_spec(whole_bundle_reload(server.url, revs.d))
     _wait_transition_started(story)
     story.delete_and_wait_gone()
     _assert_nothing_left(story)
@@ -183,9 +186,7 @@ def _settled(rm: dict) -> bool:
 
 def test_owner_killed_mid_in_place_transition_ends_on_one_identity(world):
     cluster, server, revs, _, _ = world
-    story = _story(world, "e2e-owner-kill")
-    story.apply(model_body(story.name, server.url, revs.b))
-    story.wait_ready(revs.b)
+    story = _ready(world, "e2e-owner-kill", revs.b)
     story.patch_spec({"bundle": {"source": server.url, "digest": revs.c}})
     _wait_transition_started(story)
     pids = _owner_pids()
@@ -204,19 +205,15 @@ def test_owner_killed_mid_in_place_transition_ends_on_one_identity(world):
 
 def test_bridge_pod_deleted_mid_stage_keeps_leases_and_mounts(world):
     cluster, server, revs, installation, _ = world
-    story = _story(world, "e2e-bridge-kill")
-    story.apply(model_body(story.name, server.url, revs.c))
-    story.wait_ready(revs.c)
-    story.patch_spec({"bundle": {"source": server.url, "digest": revs.d},
-                      "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+    story = _ready(world, "e2e-bridge-kill", revs.c)
+    story.patch_spec(whole_bundle_reload(server.url, revs.d))
     _wait_until("a BundleDelivery exists", lambda: story.custom.list_namespaced_custom_object(
         "resident.dev", "v1alpha1", story.namespace, "bundledeliveries")["items"])
     bridges = story.core.list_namespaced_pod(installation.namespace,
                                              label_selector="app.kubernetes.io/component=bridge").items
     assert len(bridges) == 1
     story.core.delete_namespaced_pod(bridges[0].metadata.name, installation.namespace, grace_period_seconds=0)
-    last = story.transition({"bundle": {"source": server.url, "digest": revs.d},
-                             "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+    last = story.transition(whole_bundle_reload(server.url, revs.d))
     assert last["result"] == "succeeded"
     # the DaemonSet brought the bridge back; the owner's mount and leases survived it
     pod = _owner_pod(story)
