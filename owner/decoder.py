@@ -2,8 +2,9 @@
 
 Pre-norm blocks (RMSNorm, multi-head attention with rotary positions, GELU MLP), a final
 norm and an LM head; greedy decoding. Weights arrive as BF16 and are widened exactly to
-float32 once, at load; every step is plain float32 numpy, so the same weights and the
-same prompt give bitwise the same logits on the same machine. The KV cache lives in the
+float32 once, at load, into the compiled graph's weight buffers; every step is plain
+float32 numpy, so the same weights and the same prompt give bitwise the same logits on the
+same machine. The KV cache lives in the
 compiled variant's arena, so a request never allocates it.
 """
 
@@ -23,10 +24,14 @@ if sys.byteorder != "little":  # f32_to_bf16_bits reads the high half-word of ea
     raise ImportError("the cpu backend needs a little-endian machine")
 
 
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """Widen BF16 bit patterns (uint16) to float32, exactly: they become the high 16 bits."""
-    out = np.empty(bits.shape, dtype=np.float32)
-    words = out.view(np.uint32)
+def bf16_to_f32(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Widen BF16 bit patterns (uint16) to float32, exactly: they become the high 16 bits.
+    ``out`` (float32, same number of elements) receives them instead of a new array."""
+    if out is None:
+        out = np.empty(bits.shape, dtype=np.float32)
+    elif out.dtype != np.float32 or out.size != bits.size:
+        raise ValueError(f"cannot widen {bits.size} BF16 values into a {out.dtype} array of {out.size}")
+    words = out.view(np.uint32).reshape(bits.shape)
     words[...] = bits  # one contiguous widening pass, no temporary
     words <<= np.uint32(16)
     return out

@@ -5,16 +5,22 @@ independent half of loading a model. The cpu backend mirrors that split honestly
 parses ``graph.json`` against ``config.json``, checks every op and every layer, and for
 each serving *variant* (batch, sequence length) precomputes the rotary tables and the
 causal mask and allocates (and touches) the KV-cache arena that generation writes into.
-All of it depends only on the graph digest (graph + config files), so a reload to a
-revision with the same graph digest keeps the compiled graph and skips this work.
+Its memory plan also holds the weights: one float32 buffer with a view per tensor the
+config implies, allocated and touched here and filled by each load, as a device runtime
+allocates a program's weight buffers once and uploads into them. All of it depends only
+on the graph digest (graph + config files), so a reload to a revision with the same graph
+digest keeps the compiled graph, its arenas included, and skips this work.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from bundle.demo import tensor_shapes
 
 KNOWN_OPS = {"rmsnorm", "linear", "rope", "attention", "add", "gelu", "argmax"}
 MAX_ARENA_BYTES = 64 * 1024 ** 3
@@ -40,6 +46,7 @@ class CompiledGraph:
     digest: str
     config: dict
     variants: list[Variant] = field(default_factory=list)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)  # views into one arena
 
     @property
     def head_dim(self) -> int:
@@ -92,6 +99,22 @@ def _variant(spec: dict, config: dict) -> Variant:
                    np.cos(angles), np.sin(angles), mask, kv)
 
 
+def _weight_arena(config: dict) -> dict[str, np.ndarray]:
+    """One touched float32 buffer for every tensor the config implies, as named views."""
+    shapes = tensor_shapes(config)
+    total = sum(math.prod(shape) for _, shape in shapes)
+    if total * 4 > MAX_ARENA_BYTES:
+        raise GraphError(f"weights of {total} parameters exceed the {MAX_ARENA_BYTES}-byte arena limit")
+    arena = np.empty(total, dtype=np.float32)
+    arena.fill(0.0)  # touch every page now, not during the first load
+    views, at = {}, 0
+    for name, shape in shapes:
+        n = math.prod(shape)
+        views[name] = arena[at:at + n].reshape(shape)
+        at += n
+    return views
+
+
 def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str) -> CompiledGraph:
     """Parse, check and lower the graph for every variant it names."""
     try:
@@ -104,6 +127,6 @@ def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str) -> Compi
         specs = graph["variants"]
         if not specs:
             raise GraphError("graph names no variants")
-        return CompiledGraph(digest, config, [_variant(s, config) for s in specs])
+        return CompiledGraph(digest, config, [_variant(s, config) for s in specs], _weight_arena(config))
     except (KeyError, TypeError) as e:
         raise GraphError(f"graph or config is malformed: missing or wrong {e}") from None

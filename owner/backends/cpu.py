@@ -1,24 +1,27 @@
 """The cpu backend: a real decoder-only transformer in numpy over BF16 safetensors.
 
 Loading compiles the graph (see :mod:`owner.graph`) and reads every weights file with
-its sha256 checked, widening BF16 to float32 once. Rows of live tensors are exposed to
-:mod:`owner.inplace` as BF16 bit patterns, which float32 values widened from BF16 give
-back exactly, so in-place verification compares the exact bytes the bundle holds.
-Reload closes the old weights before reading the new ones and keeps the compiled graph
-when the target's graph digest is unchanged.
+its chunks' sha256 checked, widening BF16 to float32 once into the graph's weight buffers
+(a tensor whose name, dtype or shape the config does not imply is refused). Rows of live
+tensors are exposed to :mod:`owner.inplace` as BF16 bit patterns, which float32 values
+widened from BF16 give back exactly, so in-place verification compares the exact bytes
+the bundle holds.
+Reload closes the old revision before reading the new one and keeps the compiled graph,
+weight buffers included, when the target's graph digest is unchanged.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from bundle.demo import tensor_shapes
 from bundle.manifest import Role
 
 from .. import admission, inplace
-from ..decoder import Decoder, bf16_to_f32, f32_to_bf16_bits
+from ..decoder import Decoder, bf16_to_f32
 from ..graph import CompiledGraph, GraphError, compile_graph
 from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
 from ..revisions import Revision, map_verified, read_verified
@@ -59,26 +62,27 @@ class CpuBackend:
         try:
             graph = keep or self._compile(rev)
             t1 = time.perf_counter()
-            weights, layouts = {}, {}
+            loaded, layouts = set(), {}
             for entry in m.files_with(Role.weights):
-                mm, bits = map_verified(rev, entry), None
+                mm = map_verified(rev, entry)
                 try:
                     layout = parse_layout(mm, entry.size)
+                    jobs = []
                     for slot in layout.tensors:
-                        if slot.dtype != "BF16":
-                            raise BackendError(f"tensor {slot.name}: dtype {slot.dtype}, the cpu backend reads BF16")
-                        bits = np.frombuffer(mm, np.uint16, (slot.end - slot.start) // 2, slot.start)
-                        weights[slot.name] = bf16_to_f32(bits).reshape(slot.shape)
-                        del bits  # the map can only close once no array views it
+                        jobs.append((slot, _buffer_for(graph, slot, loaded)))
+                        loaded.add(slot.name)
+                    _widen_all(mm, jobs)
                 finally:
-                    bits = None
                     mm.close()
                 layouts[entry.path] = layout
-            _check_shapes(weights, graph.config)
+            missing = sorted(set(graph.weights) - loaded)
+            if missing:
+                raise BackendError(f"weights miss tensor {missing[0]}" + (f" and {len(missing) - 1} more"
+                                                                           if len(missing) > 1 else ""))
         except (GraphError, LayoutError) as e:
             raise BackendError(str(e)) from None
-        self.graph, self.weights, self._layouts = graph, weights, layouts
-        self.decoder = Decoder(weights, graph)
+        self.graph, self.weights, self._layouts = graph, graph.weights, layouts
+        self.decoder = Decoder(graph.weights, graph)
         self.revision = rev
         return LoadReport(time.perf_counter() - t1, t1 - t0, keep is not None)
 
@@ -136,11 +140,14 @@ class CpuBackend:
         return self._layouts
 
     def tensor_bytes(self, name: str, start: int, end: int) -> bytes:
-        flat = self.weights[name].reshape(-1)
-        return f32_to_bf16_bits(flat[start // 2:end // 2]).tobytes()
+        return self.live_bits(name).reshape(-1)[start // 2:end // 2].tobytes()
+
+    def live_bits(self, name: str) -> np.ndarray:
+        """A view, not a copy: the high half-word of each float32 widened from BF16."""
+        return self.weights[name].view(np.uint16)[..., 1::2]
 
     def read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
-        return f32_to_bf16_bits(self.weights[name][rows])
+        return self.live_bits(name)[rows]
 
     def write_rows(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         self.weights[name][rows] = bf16_to_f32(values)
@@ -149,9 +156,29 @@ class CpuBackend:
         update.patches = []
 
 
-def _check_shapes(weights: dict[str, np.ndarray], config: dict) -> None:
-    for name, shape in tensor_shapes(config):
-        if name not in weights:
-            raise BackendError(f"weights miss tensor {name}")
-        if weights[name].shape != shape:
-            raise BackendError(f"tensor {name} has shape {weights[name].shape}, config implies {shape}")
+def _widen_all(mm, jobs: list[tuple]) -> None:
+    """Widen every (slot, buffer) from the verified map, tensors spread over all cores
+    (numpy releases the GIL while it widens). No array views the map when this returns."""
+    def widen(job) -> None:
+        slot, out = job
+        bf16_to_f32(np.frombuffer(mm, np.uint16, (slot.end - slot.start) // 2, slot.start), out=out)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(widen, jobs))
+
+
+def _buffer_for(graph: CompiledGraph, slot, loaded: set[str]) -> np.ndarray:
+    """The graph's buffer for a tensor of the file, if its name, dtype and shape fit it."""
+    if slot.dtype != "BF16":
+        raise BackendError(f"tensor {slot.name}: dtype {slot.dtype}, the cpu backend reads BF16")
+    if slot.start % 2:
+        raise BackendError(f"tensor {slot.name} starts at odd byte {slot.start}: the cpu backend needs "
+                           "BF16 values 2-byte aligned (pad the safetensors header to 8 bytes)")
+    buffer = graph.weights.get(slot.name)
+    if buffer is None:
+        raise BackendError(f"tensor {slot.name} is not one the config implies")
+    if slot.name in loaded:
+        raise BackendError(f"tensor {slot.name} appears twice in the weights files")
+    if tuple(slot.shape) != buffer.shape:
+        raise BackendError(f"tensor {slot.name} has shape {tuple(slot.shape)}, config implies {buffer.shape}")
+    return buffer

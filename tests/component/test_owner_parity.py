@@ -4,13 +4,20 @@ Real files in a bridge-like volume, real safetensors bytes, the real numpy decod
 comparison is on every generated token's logits, byte for byte.
 """
 
+import json
+import os
+import struct
+
+import numpy as np
 import pytest
 
 from bundle.demo import make_demo, make_revision
 from bundle.manifest import DEFAULT_CHUNK_SIZE
+from bundle.scan import build_manifest, write_manifest
+from owner.backends import BackendError
 from owner.backends.cpu import CpuBackend
 from owner.local_volume import stage_revision
-from owner.revisions import open_revision
+from owner.revisions import IntegrityError, open_revision
 
 SIZE = 512 * 1024
 PROMPTS = ["The quick brown fox", "résident", "\n"]
@@ -81,9 +88,60 @@ def test_in_place_chain_and_back_matches_fresh_loads(volume):
 def test_reload_matches_fresh_load_and_reuses_graph_only_when_unchanged(volume, name, reused):
     vol, digests = volume
     live = fresh(vol, digests["base"])
+    arena = live.weights["lm_head.weight"]
     report = live.reload(open_revision(vol, digests[name]))
     assert report.graph_reused is reused
+    # a kept graph keeps its weight buffers: the new weights are widened into the same memory
+    assert np.shares_memory(live.weights["lm_head.weight"], arena) is reused
     assert outputs(live) == outputs(fresh(vol, digests[name]))
+
+
+def _own_copy(path):
+    """Replace a (hardlinked) file by a copy of itself, so editing it leaves the source alone."""
+    data = path.read_bytes()
+    os.unlink(path)
+    path.write_bytes(data)
+    return bytearray(data)
+
+
+def test_load_names_the_corrupt_chunk_and_loads_nothing(tmp_path):
+    vol, digests = build(tmp_path, 64 * 1024)
+    rev = open_revision(vol, digests["lm-head"])
+    weights = rev.dir / "model.safetensors"
+    data = _own_copy(weights)
+    data[3 * 64 * 1024 + 5] ^= 0x01
+    weights.write_bytes(bytes(data))
+    live = fresh(vol, digests["base"])
+    with pytest.raises(IntegrityError, match=r"model.safetensors: chunk 3 \(bytes 196608\.\.\)"):
+        live.reload(rev)
+    assert live.describe().identity is None  # reload closed the old runtime; nothing half-loaded serves
+
+
+def test_load_rejects_bf16_values_at_odd_offsets(tmp_path):
+    src = tmp_path / "src"
+    make_demo(src, SIZE, seed=11)
+    weights = src / "model.safetensors"
+    data = weights.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    body = data[8:8 + n].rstrip(b" ")
+    header = body + b" " * ((len(body) + 1) % 2)  # still valid JSON, but 8 + its length is odd
+    weights.write_bytes(struct.pack("<Q", len(header)) + header + data[8 + n:])
+    write_manifest(src, build_manifest(src))
+    digest = stage_revision(tmp_path / "vol", src, make_current=True, hardlink=False)
+    with pytest.raises(BackendError, match="starts at odd byte"):
+        CpuBackend().load(open_revision(tmp_path / "vol", digest))
+
+
+def test_load_rejects_weights_whose_shapes_the_config_does_not_imply(tmp_path):
+    src = tmp_path / "src"
+    make_demo(src, SIZE, seed=11)
+    config = json.loads((src / "config.json").read_text())
+    config["d_ff"] += 2  # the file's MLP tensors no longer have the shapes the config implies
+    (src / "config.json").write_text(json.dumps(config))
+    write_manifest(src, build_manifest(src))
+    digest = stage_revision(tmp_path / "vol", src, make_current=True, hardlink=False)
+    with pytest.raises(BackendError, match=r"tensor layers\.0\.mlp\.up_proj\.weight has shape"):
+        CpuBackend().load(open_revision(tmp_path / "vol", digest))
 
 
 def test_graph_and_whole_revisions_are_not_admissible_in_place(volume):
