@@ -57,34 +57,35 @@ def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout])
 
 def _stage_tensor(store: RowStore, slot, a: int, b: int, new: bytes,
                   pending: dict[str, dict[int, np.ndarray]]) -> None:
-    """Record the rows of ``slot`` whose bytes in file range a..b differ from the live ones."""
-    rb = slot.row_bytes
-    r0, r1 = (a - slot.start) // rb, -(-(b - slot.start) // rb)
-    rows = np.arange(r0, r1)
-    live = store.read_rows(slot.name, rows) if len(slot.shape) == 2 else None
-    if live is None:
-        old = store.tensor_bytes(slot.name, a - slot.start, b - slot.start)
-        if old != new:
+    """Record the rows of ``slot`` whose bytes in file range a..b differ from the live ones.
+
+    Compares BF16 values in place against the live tensor (no copy of it) and reduces the
+    comparison per row; only the rows that differ are copied and patched. ``a`` and ``b``
+    fall on value boundaries: chunk sizes are multiples of 4096 and BF16 tensors start at
+    even offsets (the cpu backend refuses others at load)."""
+    if len(slot.shape) != 2 or slot.dtype != "BF16":
+        if store.tensor_bytes(slot.name, a - slot.start, b - slot.start) != new:
             raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place")
         return
-    start = (a - slot.start) - r0 * rb
-    old = live.view(np.uint8).reshape(-1)[start:start + (b - a)]
-    incoming = np.frombuffer(new, dtype=np.uint8)
-    differ = np.nonzero(old != incoming)[0]
-    if differ.size == 0:
+    live, width = store.live_bits(slot.name), slot.shape[1]
+    e0, e1 = (a - slot.start) // 2, (b - slot.start) // 2
+    incoming = np.frombuffer(new, dtype=np.uint16)
+    differs = live.reshape(-1)[e0:e1] != incoming
+    r0 = e0 // width
+    row_starts = np.r_[0, np.arange((r0 + 1) * width - e0, e1 - e0, width)]
+    changed = r0 + np.flatnonzero(np.logical_or.reduceat(differs, row_starts))
+    if changed.size == 0:
         return
-    if not is_admissible(slot.name) or slot.dtype != "BF16":
+    if not is_admissible(slot.name):
         raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place "
                           "(only BF16 rows of projection and LM-head tensors are)")
     mine = pending.setdefault(slot.name, {})
-    touched = (differ + start) // rb  # sorted, since nonzero returns ascending indices
-    for j in touched[np.r_[True, touched[1:] != touched[:-1]]]:
-        row = int(rows[j])
-        value = mine.get(row, live[j]).copy()
-        lo, hi = max(start, j * rb), min(start + (b - a), (j + 1) * rb)  # this row's bytes in range
-        value.view(np.uint8)[lo - j * rb:hi - j * rb] = incoming[lo - start:hi - start]
+    for row in changed.tolist():
+        # a row split across two chunks keeps the part another chunk staged, or the live one
+        value = mine[row] if row in mine else live[row].copy()
+        lo, hi = max(e0, row * width), min(e1, (row + 1) * width)
+        value[lo - row * width:hi - row * width] = incoming[lo - e0:hi - e0]
         mine[row] = value
-    # a row split across two chunks: the part in an unchanged range keeps its live bytes
 
 
 def _read_ranges(target: Revision, ranges: list[ChangedRange], ahead: int = 4):
