@@ -47,6 +47,7 @@ class Timings(Wire):
     apply_seconds: float | None = Field(default=None, alias="applySeconds")
     verify_seconds: float | None = Field(default=None, alias="verifySeconds")
     first_token_seconds: float | None = Field(default=None, alias="firstTokenSeconds")
+    warmup_seconds: float | None = Field(default=None, alias="warmupSeconds")  # cold reloads only
     total_seconds: float | None = Field(default=None, alias="totalSeconds")
 
 

@@ -1,7 +1,7 @@
 """Prometheus metrics of one owner, in a registry of its own (units in the names).
 
 - ``resident_owner_transition_duration_seconds{strategy,phase}``: stage, apply, verify,
-  first_token and total of every transition;
+  warmup (cold reloads with warmup on), first_token and total of every transition;
 - ``resident_owner_transitions_total{strategy,result}``;
 - ``resident_owner_generate_duration_seconds`` and ``resident_owner_first_token_seconds``;
 - ``resident_owner_load_duration_seconds{phase}``: read (weights) and compile (graph);

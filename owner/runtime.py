@@ -88,8 +88,7 @@ class Owner:
             self.metrics.load.labels(phase="read").observe(report.read_seconds)
             self.metrics.load.labels(phase="compile").observe(report.compile_seconds)
             if self.warmup:
-                for variant in self.backend.variants():
-                    self.backend.generate(PROBE_PROMPT, 1, variant)
+                self.warm_up()
         except Exception as e:
             self.backend.close()
             self.set_state("unloaded", f"startup failed: {e}")
@@ -98,6 +97,11 @@ class Owner:
                                         "read_seconds": report.read_seconds,
                                         "compile_seconds": report.compile_seconds})
         self.set_state("ready")
+
+    def warm_up(self) -> None:
+        """One token on every compiled variant (at start, and after a reload compiled anew)."""
+        for variant in self.backend.variants():
+            self.backend.generate(PROBE_PROMPT, 1, variant)
 
     # -- inference ---------------------------------------------------------------
     def generate(self, req: api.GenerateRequest) -> api.GenerateResponse:

@@ -10,8 +10,9 @@ the manifest's size before the old runtime is closed.
 
 Phases and their timings: ``stage`` (admission and reading/hash-checking changed chunks,
 or the reload pre-check), ``apply`` (journal + write, or close + load), ``verify``
-(read-back, or identity check of the loaded revision), ``firstToken`` (one token from
-the new identity), ``total``.
+(read-back, or identity check of the loaded revision), ``warmup`` (only for a reload that
+compiled its graph anew, when the owner warms up: every variant once, as at start),
+``firstToken`` (one token from the new identity), ``total``.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
             st.reason = "the reloaded runtime reports another identity than the target"
             return "unloaded"
         t.verify_seconds = time.perf_counter() - t2
+        if owner.warmup and not report.graph_reused:
+            t3 = time.perf_counter()
+            owner.warm_up()  # a newly compiled graph is a new engine: warm it as at start
+            t.warmup_seconds = time.perf_counter() - t3
         t.first_token_seconds = owner.probe()
     st.result = "succeeded"
     return "ready"
@@ -138,7 +143,7 @@ def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision) -
         owner.set_state(final, st.reason if final != "ready" else "")
         owner.metrics.observe_transition(st.strategy or "None", st.result, {
             "stage": t.stage_seconds, "apply": t.apply_seconds, "verify": t.verify_seconds,
-            "first_token": t.first_token_seconds, "total": t.total_seconds})
+            "warmup": t.warmup_seconds, "first_token": t.first_token_seconds, "total": t.total_seconds})
         log.info("transition finished", extra={"transition": st.id, "result": st.result,
                                                "strategy": st.strategy, "reason": st.reason,
                                                "timings": t.model_dump(by_alias=True)})

@@ -187,6 +187,7 @@ def test_in_place_transition_succeeds_with_timings_metrics_and_parity(volume, re
         st = c.transition(d["rows"])
         assert (st["result"], st["strategy"], st["from"], st["to"]) == ("succeeded", "InPlace", d["base"], d["rows"])
         assert st["rowsChanged"] > 0 and st["identity"] == identity_of(vol, d["rows"])
+        assert st["timings"].pop("warmupSeconds") is None  # only cold reloads warm up
         assert all(v is not None and v >= 0 for v in st["timings"].values())
         assert c.get("/v1/identity").json()["identity"] == identity_of(vol, d["rows"])
         g = c.generate().json()
@@ -207,6 +208,7 @@ def test_auto_reloads_when_not_admissible_and_reuses_graph_only_when_unchanged(v
         assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", False)
         st = c.transition(d["rows"], strategy="Reload")
         assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", True)
+        assert st["timings"].pop("warmupSeconds") is None  # the owner does not warm up
         assert all(v is not None for v in st["timings"].values())
         assert c.generate().json()["tokens"] == reference[d["rows"]]
         metrics = c.get("/metrics", auth=False).text
@@ -428,6 +430,25 @@ def test_warmup_runs_every_variant_before_ready(volume):
         assert sorted(backend.ran) == sorted(backend.variants()) and len(backend.ran) == 2
     finally:
         owner.close()
+
+
+def test_a_reload_that_compiles_anew_warms_up_and_one_that_keeps_the_graph_does_not(volume, reference):
+    vol, d = volume
+    backend = CountingCpuBackend()
+    with serving(vol, backend, warmup=True) as c:
+        backend.ran.clear()
+        st = c.transition(d["graph"], strategy="Reload")
+        assert (st["result"], st["graphReused"]) == ("succeeded", False)
+        assert sorted(v for v in backend.ran if v) == sorted(backend.variants())
+        assert st["timings"]["warmupSeconds"] > 0
+        assert c.transition(d["base"], strategy="Reload")["timings"]["warmupSeconds"] > 0  # graph changes back
+        backend.ran.clear()
+        st = c.transition(d["rows"], strategy="Reload")  # same graph as base: kept
+        assert (st["result"], st["graphReused"]) == ("succeeded", True)
+        assert [v for v in backend.ran if v] == [] and st["timings"]["warmupSeconds"] is None
+        assert c.generate().json()["tokens"] == reference[d["rows"]]
+        metrics = c.get("/metrics", auth=False).text
+        assert 'resident_owner_transition_duration_seconds_count{phase="warmup",strategy="Reload"} 2.0' in metrics
 
 
 def test_start_failure_closes_the_engine(tmp_path):

@@ -105,7 +105,7 @@ def test_status_serializes_with_contract_names():
     doc = json.loads(api.dump(st))
     assert {"id", "from", "to", "strategy", "result", "reason", "identity", "timings"} <= set(doc)
     assert set(doc["timings"]) == {"stageSeconds", "applySeconds", "verifySeconds", "firstTokenSeconds",
-                                   "totalSeconds"}
+                                   "warmupSeconds", "totalSeconds"}
 
 
 def test_graph_compile_checks_layers_ops_and_variants():
