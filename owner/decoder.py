@@ -4,8 +4,8 @@ Pre-norm blocks (RMSNorm, multi-head attention with rotary positions, GELU MLP),
 norm and an LM head; greedy decoding. Weights arrive as BF16 and are widened exactly to
 float32 once, at load, into the compiled graph's weight buffers; every step is plain
 float32 numpy, so the same weights and the same prompt give bitwise the same logits on the
-same machine. The KV cache lives in the
-compiled variant's arena, so a request never allocates it.
+same machine. The KV cache lives in the compiled variant's arena, so a request never
+allocates it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from .graph import CompiledGraph, Variant
 
 
-if sys.byteorder != "little":  # f32_to_bf16_bits reads the high half-word of each float
+if sys.byteorder != "little":  # the cpu backend reads BF16 back as the high half-word of each float
     raise ImportError("the cpu backend needs a little-endian machine")
 
 
@@ -35,11 +35,6 @@ def bf16_to_f32(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     words[...] = bits  # one contiguous widening pass, no temporary
     words <<= np.uint32(16)
     return out
-
-
-def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """Narrow float32 values that came from BF16 back to their bit patterns, exactly."""
-    return np.ascontiguousarray(values, dtype=np.float32).view(np.uint16)[..., 1::2].copy()
 
 
 def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> np.ndarray:

@@ -5,9 +5,8 @@ its chunks' sha256 checked, widening BF16 to float32 once into the graph's weigh
 (a tensor whose name, dtype or shape the config does not imply is refused). Rows of live
 tensors are exposed to :mod:`owner.inplace` as BF16 bit patterns, which float32 values
 widened from BF16 give back exactly, so in-place verification compares the exact bytes
-the bundle holds.
-Reload closes the old revision before reading the new one and keeps the compiled graph,
-weight buffers included, when the target's graph digest is unchanged.
+the bundle holds. Reload closes the old revision before reading the new one and keeps
+the compiled graph, weight buffers included, when the target's graph digest is unchanged.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from bundle.demo import choose_config, default_graph, to_bf16
 from bundle.manifest import FileEntry, Role, build_entries
 from owner import api
 from owner.backends import BackendError, BackendUnavailable, create_backend
-from owner.decoder import bf16_to_f32, f32_to_bf16_bits
+from owner.decoder import bf16_to_f32
 from owner.graph import GraphError, compile_graph
 from owner.admission import plan_ranges
 from owner.inplace import ChangedRange, NeedsReload
@@ -84,9 +84,15 @@ def test_bad_layouts_are_rejected(mangle, message):
         parse_layout(data, len(data))
 
 
-def test_bf16_widening_is_exact_both_ways():
+def test_bf16_widening_is_exact_and_the_high_half_words_give_the_bits_back():
     bits = to_bf16(np.random.default_rng(0).standard_normal(1000).astype(np.float32))
-    assert np.array_equal(f32_to_bf16_bits(bf16_to_f32(bits)), bits)
+    wide = bf16_to_f32(bits)
+    assert np.array_equal(wide.view(np.uint16)[1::2], bits)  # what CpuBackend.live_bits reads
+    assert np.array_equal(wide.view(np.uint32), bits.astype(np.uint32) << 16)
+    out = np.zeros((10, 100), np.float32)
+    assert bf16_to_f32(bits, out=out) is out and np.array_equal(out.reshape(-1), wide)
+    with pytest.raises(ValueError, match="cannot widen"):
+        bf16_to_f32(bits, out=np.zeros(999, np.float32))
 
 
 def test_transition_request_is_strict():
