@@ -156,7 +156,7 @@ def test_failed_delivery_keeps_the_old_identity_and_degrades(cluster, namespace,
         s = wait_for(lambda: ready_on(api, d["bad"]), what="Ready on the repaired revision")
         assert s["lastTransition"]["result"] == "succeeded" and s["owners"][0]["uid"] == pod_uid
         assert condition({"status": s}, "Degraded")["status"] == "False"
-        assert "Recovered" in api.reasons("lm")
+        wait_for(lambda: "Recovered" in api.reasons("lm"), what="the Recovered Event")
 
 
 def test_in_place_refused_for_a_graph_change_touches_nothing(cluster, namespace, node, bundles):
@@ -212,7 +212,7 @@ def test_quarantined_owner_is_replaced_on_the_target(cluster, namespace, tmp_pat
         pod, = [p for p in api.pods("resident.dev/model=lm") if not p.metadata.deletion_timestamp]
         csi = next(v.csi for v in pod.spec.volumes if v.csi)
         assert csi.volume_attributes["digest"] == d["rows"]
-        assert "OwnerReplaced" in api.reasons("lm")
+        wait_for(lambda: "OwnerReplaced" in api.reasons("lm"), what="the OwnerReplaced Event")
         children = {c["uid"] for c in status(api)["children"]}
         assert old_uid not in children and pod.metadata.uid in children
 
@@ -247,7 +247,8 @@ def test_failed_in_place_update_rolls_back_and_degrades(cluster, namespace, tmp_
         assert s["owners"][0]["uid"] == pod_uid and s["owners"][0]["state"] == "ready"
         assert s["identity"]["bundle"] == d["base"]                  # rolled back by the owner
         assert node.owner_of(pod_uid).identity().identity.bundle == d["base"]
-        assert s["ready"] == "1/1" and "OwnerTransitionFailed" in api.reasons("lm")
+        assert s["ready"] == "1/1"
+        wait_for(lambda: "OwnerTransitionFailed" in api.reasons("lm"), what="the OwnerTransitionFailed Event")
         wait_for(lambda: deliveries(api) == [], what="the target delivery to be released")
 
 
@@ -293,7 +294,7 @@ def test_spec_change_during_a_transition_is_queued(cluster, namespace, node, bun
         node.stage_deliveries.set()
         s = wait_for(lambda: ready_on(api, d["graph"]), timeout=45, what="Ready on graph after rows")
         assert s["lastTransition"]["from"] == d["rows"] and not s.get("pendingTransition")
-        assert "TransitionQueued" in api.reasons("lm")
+        wait_for(lambda: "TransitionQueued" in api.reasons("lm"), what="the TransitionQueued Event")
 
 
 def test_quarantined_owner_outside_a_transition_is_replaced(cluster, namespace, node, bundles):
