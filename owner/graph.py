@@ -86,6 +86,8 @@ def _variant(spec: dict, config: dict) -> Variant:
     batch, seq = int(spec["batch"]), int(spec["seq"])
     if batch < 1 or seq < 1:
         raise GraphError(f"variant {spec.get('name')!r}: batch and seq must be positive")
+    if seq > config.get("max_seq", seq):
+        raise GraphError(f"variant {spec.get('name')!r}: seq {seq} exceeds the model's max_seq {config['max_seq']}")
     d, heads, layers = config["d_model"], config["n_heads"], config["n_layers"]
     hd = d // heads
     if layers * 2 * batch * seq * d * 4 > MAX_ARENA_BYTES:

@@ -123,7 +123,9 @@ def test_graph_compile_checks_layers_ops_and_variants():
         compiled.variant_for(9)
     bad_ops = dict(good, layers=[{"index": 0, "ops": ["teleport"]}] * config["n_layers"])
     for graph, message in ((dict(good, layers=good["layers"][:1]), "layers"), (bad_ops, "unknown op"),
-                           (dict(good, variants=[]), "no variants"), (dict(good, format="x"), "format")):
+                           (dict(good, variants=[]), "no variants"), (dict(good, format="x"), "format"),
+                           (dict(good, variants=[{"name": "long", "batch": 1, "seq": config["max_seq"] + 1}]),
+                            "seq 513 exceeds the model's max_seq 512")):
         with pytest.raises(GraphError, match=message):
             compile_graph(json.dumps(graph).encode(), json.dumps(config).encode(), "d")
 
