@@ -96,19 +96,12 @@ def test_reload_matches_fresh_load_and_reuses_graph_only_when_unchanged(volume, 
     assert outputs(live) == outputs(fresh(vol, digests[name]))
 
 
-def _own_copy(path):
-    """Replace a (hardlinked) file by a copy of itself, so editing it leaves the source alone."""
-    data = path.read_bytes()
-    os.unlink(path)
-    path.write_bytes(data)
-    return bytearray(data)
-
-
-def test_load_names_the_corrupt_chunk_and_loads_nothing(tmp_path):
+def test_reload_names_the_corrupt_chunk_and_serves_nothing(tmp_path):
     vol, digests = build(tmp_path, 64 * 1024)
     rev = open_revision(vol, digests["lm-head"])
     weights = rev.dir / "model.safetensors"
-    data = _own_copy(weights)
+    data = bytearray(weights.read_bytes())
+    os.unlink(weights)  # the volume hardlinks the source bundle; break the link before corrupting
     data[3 * 64 * 1024 + 5] ^= 0x01
     weights.write_bytes(bytes(data))
     live = fresh(vol, digests["base"])
