@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 
-import numpy as np
 import pytest
 
 from bundle.demo import make_demo, make_revision
@@ -20,6 +19,7 @@ from owner.backends.cpu import CpuBackend
 from resident_operator.metrics import REGISTRY
 
 from conftest_operator import Api, PlayedNode, condition, operator_process, running_operator, wait_for
+from fault_backends import FaultyWriteCpuBackend
 
 SIZE, CHUNK = 256 * 1024, 64 * 1024
 
@@ -217,26 +217,10 @@ def test_quarantined_owner_is_replaced_on_the_target(cluster, namespace, tmp_pat
         assert old_uid not in children and pod.metadata.uid in children
 
 
-class CorruptingCpuBackend(CpuBackend):
-    """Test-only: flips one bit in the first row block each in-place update writes, so the
-    owner's read-back verification fails and its journal restores the old rows."""
-
-    def apply_in_place(self, update):
-        self.writes = 0
-        return super().apply_in_place(update)
-
-    def write_rows(self, name, rows, values):
-        self.writes += 1
-        if self.writes == 1:
-            values = values.copy()
-            values[0, 0] ^= np.uint16(1)
-        super().write_rows(name, rows, values)
-
-
 def test_failed_in_place_update_rolls_back_and_degrades(cluster, namespace, tmp_path, bundles):
     root, d = bundles
     api, port = Api(cluster, namespace), free_port()
-    with PlayedNode(cluster, namespace, tmp_path, backend=CorruptingCpuBackend) as node, \
+    with PlayedNode(cluster, namespace, tmp_path, backend=FaultyWriteCpuBackend) as node, \
             running_operator(namespace):
         api.create_model("lm", spec_for(bundles, "base", port))
         pod_uid = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")["owners"][0]["uid"]

@@ -1,8 +1,8 @@
 """Transitions through a real owner HTTP server on 127.0.0.1: strategies, timings, faults,
 quarantine, unload and concurrent inference.
 
-The Fault*/Slow* backends below are test-only subclasses of the real cpu backend that
-inject one failure each; they exist only in this file.
+The Fault*/Slow* backends are test-only subclasses of the real cpu backend that inject
+one failure each (FaultyWriteCpuBackend lives in tests/fault_backends.py).
 """
 
 import os
@@ -21,25 +21,12 @@ from owner.revisions import open_revision
 from owner.runtime import Owner
 from owner.server import make_server
 
+from fault_backends import FaultyWriteCpuBackend
+
 TOKEN = "t0ken-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SIZE = 512 * 1024
 PROMPT = "In place or reload?"
-
-
-class FaultyWriteCpuBackend(CpuBackend):
-    """Test-only: corrupts one bit of the first row block each in-place update writes."""
-
-    def apply_in_place(self, update):
-        self.writes, self.patches = 0, len(update.patches)
-        return super().apply_in_place(update)
-
-    def write_rows(self, name, rows, values):
-        self.writes += 1
-        if self.writes == 1:
-            values = values.copy()
-            values[0, 0] ^= np.uint16(1)
-        super().write_rows(name, rows, values)
 
 
 class FaultyRestoreCpuBackend(FaultyWriteCpuBackend):
