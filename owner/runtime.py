@@ -7,10 +7,11 @@ and back to ``ready``, or to ``unloaded`` (the model is gone: a reload failed af
 old runtime was closed, or an in-place restore failed) or ``quarantined`` (staged memory
 could not be released: inference continues, transitions are refused).
 
-Two locks: ``engine`` is held by every generate and by the part of a transition that
+Two locks and a condition: ``engine`` is held by every generate and by the part of a transition that
 touches live weights, so a request sees either the old or the new identity, never a
 mix; ``transition_guard`` is taken without waiting, so a second transition while one
-runs is refused instead of queued.
+runs is refused instead of queued; ``finished`` wakes whoever waits for a transition's
+result (``GET /v1/transitions/{id}?waitSeconds=N``), so the operator steps on at once.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Owner:
         self.metrics = metrics or OwnerMetrics()
         self.engine = threading.Lock()
         self.transition_guard = threading.Lock()
+        self.finished = threading.Condition()   # notified when a transition's result is set
         self.transitions: dict[str, api.TransitionStatus] = {}
         self.threads: list[threading.Thread] = []
         self._state = "loading"
@@ -157,6 +159,19 @@ class Owner:
         if req.path == "GraphOnly" and cur and cur.manifest.weights_digest != target.manifest.weights_digest:
             raise Refused(400, "path GraphOnly, but the target's weights differ from the live ones")
         return target
+
+    def finish(self, status: api.TransitionStatus, result: str) -> None:
+        """Publish a transition's result (its last field) and wake every waiter."""
+        with self.finished:
+            status.result = result
+            self.finished.notify_all()
+
+    def wait_transition(self, tid: str, seconds: float) -> api.TransitionStatus | None:
+        """The transition ``tid`` once it has a result, or as it is after ``seconds``."""
+        with self.finished:
+            self.finished.wait_for(lambda: self.transitions.get(tid) is None
+                                   or self.transitions[tid].result != "running", timeout=seconds)
+            return self.transitions.get(tid)
 
     def _remember(self, status: api.TransitionStatus) -> None:
         self.transitions[status.id] = status

@@ -1,6 +1,7 @@
 """The owner's HTTP/JSON control API on the standard library's threading HTTP server.
 
-Routes follow docs/contracts.md. ``/healthz``, ``/readyz`` and ``/metrics`` need no
+Routes follow docs/contracts.md. ``GET /v1/transitions/{id}?waitSeconds=N`` blocks until
+the transition has a result (or N seconds pass), so a caller needs no polling. ``/healthz``, ``/readyz`` and ``/metrics`` need no
 token; everything under ``/v1/`` needs ``Authorization: Bearer <token>``, compared in
 constant time. Bodies are JSON, at most 1 MiB, validated by the pydantic models in
 :mod:`owner.api`; every refusal is a JSON ``{"error": ...}`` with a 4xx/5xx code.
@@ -14,6 +15,7 @@ import logging
 import re
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
@@ -24,6 +26,7 @@ from .runtime import Owner, Refused
 log = logging.getLogger("resident.owner.http")
 MAX_BODY = 1024 * 1024
 TRANSITION_PATH = re.compile(r"^/v1/transitions/([0-9a-f]{1,64})$")
+MAX_WAIT_SECONDS = 60.0
 
 
 def read_token(path: str) -> str:
@@ -124,10 +127,23 @@ class OwnerHandler(BaseHTTPRequestHandler):
         if self._authorized():
             self._send(200, api.dump(self.owner.identity()))
 
+    def _wait_seconds(self) -> float:
+        """``?waitSeconds=N`` (0 to 60): how long a GET of a running transition may block."""
+        query = parse_qs(urlsplit(self.path).query)
+        raw = (query.get("waitSeconds") or ["0"])[-1]
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise Refused(400, f"waitSeconds={raw!r} is not a number") from None
+        if not 0 <= seconds <= MAX_WAIT_SECONDS:
+            raise Refused(400, f"waitSeconds={raw} is outside 0..{MAX_WAIT_SECONDS:.0f}")
+        return seconds
+
     def _get_transition(self, tid: str) -> None:
         if not self._authorized():
             return
-        status = self.owner.transitions.get(tid)
+        wait = self._wait_seconds()
+        status = self.owner.wait_transition(tid, wait) if wait else self.owner.transitions.get(tid)
         if status is None:
             raise Refused(404, f"no transition {tid}")
         self._send(200, api.dump(status))

@@ -51,7 +51,8 @@ def _identity(owner: "Owner") -> api.Identity | None:
     return api.Identity(**ident) if ident else None
 
 
-def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings) -> str:
+def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings
+              ) -> tuple[str, str]:
     t0 = time.perf_counter()
     update = owner.backend.stage_in_place(target)
     t.stage_seconds = time.perf_counter() - t0
@@ -61,21 +62,21 @@ def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api
             report = owner.backend.apply_in_place(update)
         except VerifyFailed as e:
             st.reason = str(e)
-            return "ready"
+            return "ready", "failed"
         except RestoreFailed as e:
             owner.backend.close()
             st.reason = f"{e}; the model was unloaded"
-            return "unloaded"
+            return "unloaded", "failed"
         except ReleaseFailed as e:
             st.reason = f"{e}; the owner is quarantined ({'new' if e.applied else 'old'} identity live)"
-            return "quarantined"
+            return "quarantined", "failed"
         t.apply_seconds, t.verify_seconds = report.apply_seconds, report.verify_seconds
         t.first_token_seconds = owner.probe()
-    st.result = "succeeded"
-    return "ready"
+    return "ready", "succeeded"
 
 
-def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings) -> str:
+def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings
+            ) -> tuple[str, str]:
     st.strategy = "Reload"
     t0 = time.perf_counter()
     _precheck(target)
@@ -87,30 +88,34 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
         except Exception as e:  # noqa: BLE001 - the old runtime is closed: whatever failed, we are unloaded
             owner.backend.close()
             st.reason = f"reload failed after closing the old runtime: {type(e).__name__}: {e}"
-            return "unloaded"
+            return "unloaded", "failed"
         t2 = time.perf_counter()
         t.apply_seconds = t2 - t1
         st.graph_reused = report.graph_reused
         if owner.backend.describe().identity != target.manifest.identity():
             owner.backend.close()
             st.reason = "the reloaded runtime reports another identity than the target"
-            return "unloaded"
+            return "unloaded", "failed"
         t.verify_seconds = time.perf_counter() - t2
         if owner.warmup and not report.graph_reused:
             t3 = time.perf_counter()
             owner.warm_up()  # a newly compiled graph is a new engine: warm it as at start
             t.warmup_seconds = time.perf_counter() - t3
         t.first_token_seconds = owner.probe()
-    st.result = "succeeded"
-    return "ready"
+    return "ready", "succeeded"
 
 
 def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision) -> None:
-    """Body of a transition thread; always leaves ``st`` finished and the guard released."""
+    """Body of a transition thread; always leaves ``st`` finished and the guard released.
+
+    The result is published last, after the new identity and the owner's state: whoever
+    reads ``succeeded`` (a poller, or a waiter woken by :meth:`Owner.finish`) also reads
+    the identity and state it produced.
+    """
     t = st.timings
     start = time.perf_counter()
     owner.set_state("transitioning")
-    final = "ready"
+    final, result = "ready", "failed"
     try:
         wants_in_place = st.requested in ("Auto", "InPlace")
         if wants_in_place and not owner.backend.describe().in_place:
@@ -119,32 +124,31 @@ def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision) -
             wants_in_place = False
         if wants_in_place:
             try:
-                final = _in_place(owner, st, target, t)
+                final, result = _in_place(owner, st, target, t)
             except NeedsReload as e:
                 if st.requested == "InPlace":
                     raise
                 log.info("in place not admissible, reloading", extra={"transition": st.id, "reason": str(e)})
                 st.reason = f"reload chosen: {e}"
-                final = _reload(owner, st, target, t)
+                final, result = _reload(owner, st, target, t)
         else:
-            final = _reload(owner, st, target, t)
-        if st.result == "running":
-            st.result = "failed"
+            final, result = _reload(owner, st, target, t)
     except NeedsReload as e:
-        st.result, st.reason = "needs-reload", str(e)
+        result, st.reason = "needs-reload", str(e)
     except (IntegrityError, RevisionError) as e:
-        st.result, st.reason = "failed", f"target revision rejected: {e}"
+        result, st.reason = "failed", f"target revision rejected: {e}"
     except Exception as e:  # noqa: BLE001 - a transition thread must always report
         log.exception("transition crashed", extra={"transition": st.id})
-        st.result, st.reason = "failed", f"{type(e).__name__}: {e}"
+        result, st.reason = "failed", f"{type(e).__name__}: {e}"
     finally:
         t.total_seconds = time.perf_counter() - start
         st.identity = _identity(owner)
         owner.set_state(final, st.reason if final != "ready" else "")
-        owner.metrics.observe_transition(st.strategy or "None", st.result, {
+        owner.metrics.observe_transition(st.strategy or "None", result, {
             "stage": t.stage_seconds, "apply": t.apply_seconds, "verify": t.verify_seconds,
             "warmup": t.warmup_seconds, "first_token": t.first_token_seconds, "total": t.total_seconds})
-        log.info("transition finished", extra={"transition": st.id, "result": st.result,
+        log.info("transition finished", extra={"transition": st.id, "result": result,
                                                "strategy": st.strategy, "reason": st.reason,
                                                "timings": t.model_dump(by_alias=True)})
         owner.transition_guard.release()
+        owner.finish(st, result)

@@ -358,11 +358,37 @@ def test_bad_requests_get_clear_4xx(tmp_path, volume):
             r = c.generate(prompt="x" * 1000, max_tokens=100)
             assert r.status_code == 400 and "exceed" in r.json()["error"]
             assert c.get("/v1/transitions/abc").status_code == 404
+            assert c.get("/v1/transitions/abc?waitSeconds=1").status_code == 404
+            r = c.get("/v1/transitions/abc?waitSeconds=soon")
+            assert r.status_code == 400 and "waitSeconds" in r.json()["error"]
+            assert c.get("/v1/transitions/abc?waitSeconds=61").status_code == 400
+            assert c.get("/v1/transitions/abc?waitSeconds=-1").status_code == 400
             assert c.get("/v1/nothing").status_code == 404
             assert c.get("/v1/identity").json()["identity"]["bundle"] == d["base"]  # nothing changed
             assert not c.owner.transitions
     finally:
         os.unlink(link)
+
+
+def test_a_waiting_get_answers_when_the_result_is_set_with_identity_and_state_final(volume, reference):
+    """?waitSeconds blocks while the transition runs and answers at its end, not later:
+    the answer already carries the new identity, and /v1/identity already says ready."""
+    vol, d = volume
+    with serving(vol, SlowApplyCpuBackend()) as c:
+        r = c.post("/v1/transitions", {"target": d["rows"], "path": "WholeBundle", "strategy": "InPlace"})
+        tid = r.json()["id"]
+        short = c.get(f"/v1/transitions/{tid}?waitSeconds=0.05").json()
+        assert short["result"] == "running"          # the wait times out while it runs
+        t0 = time.monotonic()
+        st = c.get(f"/v1/transitions/{tid}?waitSeconds=30").json()
+        waited = time.monotonic() - t0
+        assert st["result"] == "succeeded" and st["identity"] == identity_of(vol, d["rows"])
+        assert waited < 10                             # answered at the end, not after 30 s
+        ident = c.get("/v1/identity").json()
+        assert (ident["state"], ident["identity"]) == ("ready", identity_of(vol, d["rows"]))
+        again = c.get(f"/v1/transitions/{tid}?waitSeconds=30")  # finished: answers at once
+        assert again.json()["result"] == "succeeded" and again.elapsed.total_seconds() < 1
+        c.transition(d["base"], strategy="InPlace")   # leave the shared volume's owner on base
 
 
 def test_revision_whose_manifest_does_not_hash_to_its_name_is_refused(tmp_path, volume):
