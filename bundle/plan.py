@@ -15,6 +15,8 @@ holds one, a donor manifest. It answers:
 
 *Rebase admission*: a rebase that would reuse less than ``min_reuse`` of the target is
 refused and the plan falls back to reconstruct, with the reason in ``fallback_reason``.
+On a store without reflink, an admitted rebase is then weighed against a reconstruct by
+measured throughputs (:mod:`bundle.rebase_cost`); ``cost_reason`` says what that found.
 
 Files are identical when their *content keys* are equal (see :func:`content_key`): the
 sha256 for single-chunk files, and a digest of size and chunk digests for larger ones, so
@@ -24,11 +26,12 @@ that identity always follows from bytes that are verified chunk by chunk.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .errors import PlanError
 from .manifest import FileEntry, Manifest, Role, chunk_range
+from .rebase_cost import decide_rebase
 
 __all__ = ["plan_delivery", "DeliveryPlan", "FilePlan", "ChunkClone", "PlanError", "content_key",
            "MODES", "REBASE_MODES"]
@@ -106,6 +109,8 @@ class DeliveryPlan:
     reflink: bool = True
     #: the reuse fraction a rebase would have had (also when admission refused it)
     rebase_reuse_fraction: float | None = None
+    #: without reflink: why copying donor chunks was (not) judged cheaper than fetching
+    cost_reason: str | None = None
     identical_files: list[str] = field(default_factory=list)
     cloned_chunks: dict[str, int] = field(default_factory=dict)
     changed_chunks: dict[str, list[int]] = field(default_factory=dict)
@@ -119,6 +124,7 @@ class DeliveryPlan:
             "bytes": {"fetch": self.fetch_bytes, "reuse": self.reuse_bytes,
                       "write": self.write_bytes},
             "fallbackReason": self.fallback_reason,
+            "costReason": self.cost_reason,
         }
 
     def describe(self) -> str:
@@ -133,6 +139,8 @@ class DeliveryPlan:
             f"bytes    fetch {self.fetch_bytes}  reuse {self.reuse_bytes}  "
             f"write {self.write_bytes}" + ("" if self.reflink else "  (no reflink: clones copied)"),
         ]
+        if self.cost_reason and self.cost_reason != self.fallback_reason:
+            lines.insert(4, f"cost     {self.cost_reason}")
         for fp in self.files:
             if fp.action == "link":
                 lines.append(f"  link     {fp.path}  ({fp.size} bytes, identical)")
@@ -204,7 +212,7 @@ def _file_plans(target: Manifest, donor: Manifest) -> list[FilePlan]:
 
 def _assemble(target: Manifest, donor: Manifest | None, path: str, method: str,
               files: list[FilePlan], reflink: bool, fallback_reason: str | None = None,
-              rebase_reuse: float | None = None) -> DeliveryPlan:
+              rebase_reuse: float | None = None, cost_reason: str | None = None) -> DeliveryPlan:
     total = target.total_bytes
     reuse = sum(fp.reuse_bytes for fp in files)
     fetch = total - reuse
@@ -215,6 +223,7 @@ def _assemble(target: Manifest, donor: Manifest | None, path: str, method: str,
         fetch_bytes=fetch, reuse_bytes=reuse, write_bytes=write,
         reuse_fraction=(reuse / total) if total else 0.0,
         fallback_reason=fallback_reason, reflink=reflink, rebase_reuse_fraction=rebase_reuse,
+        cost_reason=cost_reason,
         identical_files=[fp.path for fp in files if fp.action == "link"],
         cloned_chunks={fp.path: len(fp.clones) for fp in files if fp.clones},
         changed_chunks={fp.path: list(fp.fetch_chunks) for fp in files if fp.action == "rebase"},
@@ -222,15 +231,18 @@ def _assemble(target: Manifest, donor: Manifest | None, path: str, method: str,
 
 
 def plan_delivery(target: Manifest, donor: Manifest | None, *, mode: str = "Auto",
-                  rebase: str = "Auto", min_reuse: float = 0.5,
-                  reflink: bool = True) -> DeliveryPlan:
+                  rebase: str = "Auto", min_reuse: float = 0.5, reflink: bool = True,
+                  source_bps: float | None = None,
+                  copy_bps: float | None = None) -> DeliveryPlan:
     """Plan delivering ``target`` onto a node that holds ``donor`` (or nothing).
 
     ``mode`` is the spec's ``delivery`` (Auto|GraphOnly|WholeBundle), ``rebase`` is
     Auto|Never, ``min_reuse`` the rebase admission threshold. ``reflink`` says whether
-    cloned chunks cost no writes (XFS/btrfs) or are copied (ext4); it changes only the
-    predicted ``write_bytes``. Raises :class:`PlanError` for an impossible GraphOnly
-    request or bad options.
+    cloned chunks cost no writes (XFS/btrfs) or are copied (ext4). Without reflink an
+    admitted whole-bundle rebase is kept only if the fetch it saves takes longer at
+    ``source_bps`` than the copy at ``copy_bps`` (bytes/s measured by the store; None is
+    unknown, and keeps the rebase): see :mod:`bundle.rebase_cost`. Raises
+    :class:`PlanError` for an impossible GraphOnly request or bad options.
     """
     _check_options(mode, rebase, min_reuse)
     blocker = graph_only_blocker(target, donor)
@@ -250,4 +262,15 @@ def plan_delivery(target: Manifest, donor: Manifest | None, *, mode: str = "Auto
                   f"under minReuse {float(min_reuse):.1%}; reconstructing")
         return _assemble(target, donor, "WholeBundle", "reconstruct", every_byte, reflink,
                          fallback_reason=reason, rebase_reuse=rebased.reuse_fraction)
-    return rebased
+    # Whole files equal to a donor file are linked by either method (the store is
+    # content-addressed), so what a rebase saves is its chunk clones, which it copies here.
+    linked = sum(fp.size for fp in rebased.files if fp.action == "link")
+    clones = sum(fp.clone_bytes for fp in rebased.files)
+    decision = decide_rebase(reflink=reflink, rebase_fetch_bytes=rebased.fetch_bytes,
+                             reconstruct_fetch_bytes=rebased.total_bytes - linked,
+                             copy_bytes=clones, source_bps=source_bps, copy_bps=copy_bps)
+    if not decision.rebase:
+        return _assemble(target, donor, "WholeBundle", "reconstruct", every_byte, reflink,
+                         fallback_reason=decision.reason, rebase_reuse=rebased.reuse_fraction,
+                         cost_reason=decision.reason)
+    return replace(rebased, cost_reason=decision.reason)

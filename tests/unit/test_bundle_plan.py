@@ -51,7 +51,7 @@ def test_graph_only_when_weights_and_tokenizer_are_identical():
     assert p.to_status() == {"path": "GraphOnly", "method": "graph-only",
                              "reuseFraction": round(p.reuse_fraction, 6),
                              "bytes": {"fetch": 100, "reuse": p.total_bytes - 100, "write": 100},
-                             "fallbackReason": None}
+                             "fallbackReason": None, "costReason": None}
 
 
 def test_graph_only_forced_but_weights_differ_is_a_clear_error():
@@ -82,6 +82,56 @@ def test_rebase_clones_identical_chunks_and_fetches_changed_ones():
     # without reflink, cloned chunks must be copied: writes grow, fetches do not
     q = plan_delivery(target, donor, reflink=False)
     assert q.fetch_bytes == p.fetch_bytes and q.write_bytes == p.fetch_bytes + 98 * CS
+
+
+def test_without_reflink_a_fast_source_makes_the_admitted_rebase_reconstruct():
+    changed = W.copy()
+    changed[7] = "c7"
+    donor, target = model(W), model(changed, graph_tag="v2")
+    fast = {"source_bps": 1000.0 * CS, "copy_bps": 10.0 * CS}  # copy 99 chunks ~9.9 s vs 0.1 s
+    p = plan_delivery(target, donor, reflink=False, **fast)
+    assert (p.path, p.method) == ("WholeBundle", "reconstruct")
+    assert p.fallback_reason == p.cost_reason
+    assert p.cost_reason.startswith("no reflink: copying 0.4 MiB locally (~9.90 s at 0.039 MiB/s) "
+                                    "costs more than fetching them (~0.10 s")
+    assert p.rebase_reuse_fraction == pytest.approx((99 * CS + 200) / p.total_bytes)
+    assert p.fetch_bytes == p.total_bytes and p.to_status()["costReason"] == p.cost_reason
+    # a slow source keeps the rebase and says why; reflink ignores the speeds
+    slow = plan_delivery(target, donor, reflink=False, source_bps=1.0 * CS, copy_bps=10.0 * CS)
+    assert slow.method == "rebase" and "costs less than" in slow.cost_reason
+    assert slow.fallback_reason is None and "cost     no reflink" in slow.describe()
+    cloned = plan_delivery(target, donor, **fast)
+    assert cloned.method == "rebase" and cloned.cost_reason is None
+
+
+def test_without_reflink_unknown_speeds_keep_the_rebase_and_say_so():
+    donor, target = model(W), model(W[:-1] + ["x"], graph_tag="v2")
+    p = plan_delivery(target, donor, reflink=False, copy_bps=1.0)
+    assert p.method == "rebase" and p.fallback_reason is None
+    assert "source throughput unknown" in p.cost_reason
+
+
+def test_linked_files_are_not_counted_as_saved_by_a_rebase():
+    """A file equal to a donor file is linked by either method (content addressing): a
+    rebase that only links and clones one chunk saves fetching that chunk, nothing more."""
+    donor = manifest(entry("big.bin", Role.weights, W[:50]), entry("w.bin", Role.weights, W[50:]))
+    target = manifest(entry("big.bin", Role.weights, W[:50]),
+                      entry("w.bin", Role.weights, W[50:51] + ["new"]))
+    # copy 1 chunk at CS/s = 1 s; fetch 1 saved chunk at 2*CS/s = 0.5 s: reconstruct
+    p = plan_delivery(target, donor, reflink=False, source_bps=2.0 * CS, copy_bps=1.0 * CS)
+    assert p.method == "reconstruct" and "fetching them (~0.50 s" in p.cost_reason
+
+
+def test_cost_rule_never_overrides_min_reuse_rebase_never_or_graph_only():
+    donor = model(W)
+    speeds = {"reflink": False, "source_bps": 1.0, "copy_bps": 1e12}  # copying is free
+    low = plan_delivery(model(W[:30] + [f"n{i}" for i in range(70)]), donor, **speeds)
+    assert low.method == "reconstruct" and "under minReuse" in low.fallback_reason
+    assert low.cost_reason is None
+    never = plan_delivery(model(W[:-1] + ["x"]), donor, rebase="Never", **speeds)
+    assert never.method == "reconstruct" and never.cost_reason is None
+    fast = {"reflink": False, "source_bps": 1e12, "copy_bps": 1.0}
+    assert plan_delivery(model(W, graph_tag="v2"), donor, **fast).method == "graph-only"
 
 
 def test_moved_chunks_are_found_anywhere_in_the_donor():
