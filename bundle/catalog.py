@@ -14,6 +14,9 @@ One SQLite database in WAL mode (readers never block the writer; it survives res
   one lease; materializations pin their donor with a ``work:<token>`` holder.
 - ``work``: materializations in flight, by token; each holds an flock on its token file
   while it lives, so a reopened store can tell abandoned work from running work.
+- ``throughput``: recent fetch and local-copy speeds the store measured, by source
+  (see :mod:`bundle.throughput`); the planner weighs a rebase with them when the store
+  cannot clone.
 
 Writers use ``BEGIN IMMEDIATE``, so GC and lease acquisition are serialized: a lease
 taken after GC decided to remove a revision sees the revision gone (and says so), and
@@ -44,6 +47,10 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE INDEX IF NOT EXISTS leases_by_digest ON leases (digest);
 CREATE TABLE IF NOT EXISTS work (
   token TEXT PRIMARY KEY, digest TEXT NOT NULL, pid INTEGER NOT NULL, started_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS throughput (
+  kind TEXT NOT NULL CHECK (kind IN ('fetch', 'copy')), key TEXT NOT NULL,
+  bytes INTEGER NOT NULL, seconds REAL NOT NULL, at_ns INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS throughput_by_key ON throughput (kind, key, at_ns);
 """
 
 

@@ -9,6 +9,9 @@ temporary file in the work directory, in chunk order:
   compared with its manifest digest at the chunk boundary, before anything else is done
   with the file. A wrong, short or long stream raises :class:`IntegrityMismatch`.
 
+Fetch runs and donor copies are timed into the :class:`Tally`, so that the store can
+learn the source's and the disk's throughput (:mod:`bundle.throughput`).
+
 Only a complete, verified blob is synced, made read-only and renamed into the store.
 Nothing here touches revision trees or the catalog; :mod:`bundle.store` does that.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
@@ -39,12 +43,15 @@ class BundleSource(Protocol):
 
 @dataclass
 class Tally:
-    """Bytes moved by one materialization."""
+    """Bytes moved by one materialization, and the time spent fetching and copying."""
 
     fetched: int = 0
     reused: int = 0
     written: int = 0
     cloned: int = 0
+    copied: int = 0               # reused donor bytes that were copied (not cloned)
+    fetch_seconds: float = 0.0    # in fetch runs: source reads, hashing, writes
+    copy_seconds: float = 0.0     # in donor copies that were not clones
 
 
 def _segments(entry: FileEntry, fp: FilePlan, chunk_size: int) -> list[tuple]:
@@ -145,18 +152,25 @@ def build_blob(tmp: Path, entry: FileEntry, fp: FilePlan, chunk_size: int, sourc
     try:
         for seg in _segments(entry, fp, chunk_size):
             if seg[0] == "fetch":
-                _fetch_run(source, entry, seg[1], seg[2], chunk_size, fd, tally, progress)
+                t0 = time.monotonic()
+                try:
+                    _fetch_run(source, entry, seg[1], seg[2], chunk_size, fd, tally, progress)
+                finally:
+                    tally.fetch_seconds += time.monotonic() - t0
                 continue
             _, donor_path, donor_off, dst_off, length = seg
             if donor_dir is None:
                 raise RuntimeError("plan clones chunks but no donor tree was given")
             if donor_path not in donor_fds:
                 donor_fds[donor_path] = os.open(donor_dir / donor_path, os.O_RDONLY)
+            t0 = time.monotonic()
             cloned = share_or_copy(donor_fds[donor_path], donor_off, length, fd, dst_off, reflink)
             tally.reused += length
             if cloned:
                 tally.cloned += length
             else:
+                tally.copy_seconds += time.monotonic() - t0
+                tally.copied += length
                 tally.written += length
             if progress:
                 progress(length)

@@ -14,7 +14,9 @@ A store is one directory the bridge owns (it must be one filesystem, for hardlin
 (:mod:`bundle.materialize`), stages the tree under ``work/`` and renames it into
 ``revisions/``: a tree is complete or absent, never partial. A failure removes the work
 directory; work abandoned by a crash is reclaimed when the store is next opened
-(:mod:`bundle.reclaim`). Leases pin revisions against :meth:`Store.gc`.
+(:mod:`bundle.reclaim`). Leases pin revisions against :meth:`Store.gc`. Each
+materialization records how fast it fetched and copied (:mod:`bundle.throughput`); a
+store without reflink plans with those speeds.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .manifest import MANIFEST_NAME, Manifest, check_digest, check_relative_path
 from .materialize import BLOB_MODE, BundleSource, Progress, Tally, build_blob
 from .plan import DeliveryPlan, content_key, plan_delivery
 from .reflink import supports_reflink
-from . import leases as leasing, reclaim, store_metrics as metrics
+from . import leases as leasing, reclaim, store_metrics as metrics, throughput
 from .leases import Lease
 
 __all__ = ["Store", "MaterializeResult", "Lease"]
@@ -58,11 +60,13 @@ class MaterializeResult:
     verified: bool
     bytes_cloned: int = 0
     plan: DeliveryPlan | None = None
+    cost_reason: str | None = None   # without reflink: how rebase and reconstruct compared
 
     def to_status(self) -> dict:
         """camelCase fields for a BundleDelivery status."""
         return {"digest": self.digest, "method": self.method,
-                "fallbackReason": self.fallback_reason, "verified": self.verified,
+                "fallbackReason": self.fallback_reason, "costReason": self.cost_reason,
+                "verified": self.verified,
                 "bytes": {"fetched": self.bytes_fetched, "reused": self.bytes_reused,
                           "written": self.bytes_written},
                 "seconds": round(self.seconds, 6)}
@@ -151,6 +155,7 @@ class Store:
         SourceUnavailable, StoreFull or PlanError, leaving no revision behind.
         """
         digest, t0 = manifest.digest, time.monotonic()
+        source_uri = getattr(source, "uri", None)  # real sources have one; keys throughput
         if donor is not None:
             check_digest(donor)
         for entry in manifest.files:  # defence in depth: a Manifest built without validation
@@ -171,7 +176,7 @@ class Store:
             try:
                 work.mkdir()
                 plan, donor_dir = self._plan_and_register(manifest, token, donor, mode, rebase,
-                                                          min_reuse)
+                                                          min_reuse, source_uri)
                 tally = self._build(manifest, plan, source, work, donor_dir, progress)
                 self._publish(manifest, work / "tree", token)
                 published = True
@@ -192,14 +197,25 @@ class Store:
         seconds = time.monotonic() - t0
         res = MaterializeResult(digest, self.revision_path(digest), plan.method,
                                 plan.fallback_reason, tally.fetched, tally.reused, tally.written,
-                                seconds, True, tally.cloned, plan)
+                                seconds, True, tally.cloned, plan, plan.cost_reason)
         self._record(res)
+        try:  # a published revision never fails over its statistics
+            throughput.record_tally(self.catalog, source_uri, tally)
+        except sqlite3.Error as e:
+            log.warning("throughput not recorded: %s", e)
         return res
 
+    def throughputs(self, source_uri: str | None) -> tuple[float | None, float | None]:
+        """Measured bytes/s: (fetching from this source, copying locally); None if unknown."""
+        return throughput.estimates(self.catalog, source_uri)
+
     def _plan_and_register(self, manifest: Manifest, token: str, donor: str | None, mode: str,
-                           rebase: str, min_reuse: float) -> tuple[DeliveryPlan, Path | None]:
-        """Plan against the donor and pin it; if GC removed it meanwhile, plan without it."""
+                           rebase: str, min_reuse: float,
+                           source_uri: str | None) -> tuple[DeliveryPlan, Path | None]:
+        """Plan against the donor and pin it; if GC removed it meanwhile, plan without it.
+        Without reflink, the plan weighs a rebase with the speeds measured before."""
         reason = None
+        source_bps, copy_bps = (None, None) if self.reflink else self.throughputs(source_uri)
         for _ in range(2):
             donor_manifest = None
             if donor and donor != manifest.digest:
@@ -211,7 +227,8 @@ class Store:
                 else:
                     reason = f"donor {donor} is not in the store"
             plan = plan_delivery(manifest, donor_manifest, mode=mode, rebase=rebase,
-                                 min_reuse=min_reuse, reflink=self.reflink)
+                                 min_reuse=min_reuse, reflink=self.reflink,
+                                 source_bps=source_bps, copy_bps=copy_bps)
             if reason and plan.fallback_reason is None:
                 plan = _with_reason(plan, reason)
             keys = {content_key(f, manifest.chunk_size) for f in manifest.files}
@@ -280,6 +297,7 @@ class Store:
         metrics.STORE_BYTES.set(self.usage_bytes())
         log.info("materialized", extra={
             "digest": res.digest, "method": res.method, "fallback_reason": res.fallback_reason,
+            "cost_reason": res.cost_reason,
             "bytes_fetched": res.bytes_fetched, "bytes_reused": res.bytes_reused,
             "bytes_written": res.bytes_written, "bytes_cloned": res.bytes_cloned,
             "seconds": round(res.seconds, 4), "reflink": self.reflink})
