@@ -137,7 +137,8 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
             "revisionPath": f"{volumes.REVISIONS}/{revision_dirname(digest)}",
             "reason": "Staged" if verified else "VerificationFailed",
             "message": f"{digest} staged into the volume of Pod {spec.pod_name} by {res.method}"
-                       + (f" ({res.fallback_reason})" if res.fallback_reason else ""),
+                       + (f" ({res.fallback_reason or res.cost_reason})"
+                          if res.fallback_reason or res.cost_reason else ""),
         }
         if res.fallback_reason:  # the client sends "" as null, which the schema refuses
             status["fallbackReason"] = res.fallback_reason
