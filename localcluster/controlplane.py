@@ -43,7 +43,7 @@ CRD_DIR = REPO / "crds"
 
 class ControlPlane:
     def __init__(self, state_dir: Path | None = None, extra_apiserver_flags: list[str] = (),
-                 node_name: str | None = None):
+                 node_name: str | None = None, extra_users: dict[str, str] | None = None):
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="resident-cp-"))
         self.extra_apiserver_flags = list(extra_apiserver_flags)
         self.token = secrets.token_hex(16)
@@ -54,6 +54,9 @@ class ControlPlane:
         self.node_kubeconfig = str(self.state_dir / "node.kubeconfig")
         self.kubelet_client_ca = self.state_dir / "kubelet-client-ca.crt"
         self.processes = ProcessGroup(self.state_dir / "logs")
+        # more static-token users ({user: group}), e.g. so an audit log can tell clients apart
+        self.user_tokens = {user: (secrets.token_hex(16), group)
+                            for user, group in (extra_users or {}).items()}
 
     @property
     def server(self) -> str:
@@ -107,6 +110,12 @@ class ControlPlane:
         self.processes.stop()
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
+    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 60.0) -> None:
+        """Stop kube-apiserver (every watch on it breaks), wait ``down_seconds``, start it
+        again on the same port and state, and wait until it serves."""
+        self.processes.restart("kube-apiserver", down_seconds)
+        self._wait_ready(timeout)
+
     def __enter__(self) -> "ControlPlane":
         try:
             return self.start()
@@ -126,6 +135,8 @@ class ControlPlane:
         subprocess.run(["openssl", "rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub")],
                        check=True, capture_output=True)
         tokens = f"{self.token},admin,admin,system:masters\n"
+        for user, (token, group) in self.user_tokens.items():
+            tokens += f"{token},{user},{user},{group}\n"
         if self.node_name:
             tokens += f"{self.node_token},system:node:{self.node_name},node:{self.node_name},system:nodes\n"
             self._make_kubelet_client_cert()

@@ -48,6 +48,21 @@ class ProcessGroup:
         log.info("started %s pid=%d", name, proc.pid)
         return proc
 
+    def restart(self, name: str, down_seconds: float = 0.0) -> subprocess.Popen:
+        """Stop the child ``name`` (SIGTERM, then SIGKILL) and start it again, same argv."""
+        i, proc = next((i, p) for i, (n, p) in enumerate(self.children) if n == name)
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+        time.sleep(down_seconds)
+        self.children.pop(i)
+        fresh = self.start(name, list(proc.args), env=None)
+        self.children.insert(i, self.children.pop())   # keep the start order for stop()
+        return fresh
+
     def check_alive(self) -> None:
         for name, proc in self.children:
             if proc.poll() is not None:

@@ -13,14 +13,17 @@ EPILOG = """\
 The operator watches ResidentModels (resident.dev/v1alpha1) and, for each, keeps
 spec.replicas one-card owner Pods with the bundle's CSI volume, reports status and
 conditions, runs transitions when spec.bundle changes, and cleans up by UID.
+It is event-driven: a model is looked at when its spec, one of its owner Pods, its token
+Secret or one of its BundleDeliveries changes, or when an owner finishes a transition;
+each step of a transition follows the previous one at once.
 
 Installation settings come from the environment:
   RESIDENT_OWNER_IMAGE               owner image when spec.runtime.image is empty
   RESIDENT_OWNER_HOST                reach owners at this host instead of the Pod IP
   RESIDENT_OWNER_HOST_NETWORK        true: owner Pods use hostNetwork (local clusters)
   RESIDENT_OWNER_TIMEOUT_SECONDS     timeout of each call to an owner (default 5)
-  RESIDENT_RESYNC_SECONDS            re-observe each model this often (default 10)
-  RESIDENT_SWEEP_SECONDS             sweep labelled orphans this often (default 60)
+  RESIDENT_RESYNC_SECONDS            safety resync of a settled model (default 300)
+  RESIDENT_SWEEP_SECONDS             cluster-wide sweep of labelled orphans (default 60)
   RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)
 Kubernetes credentials: KUBECONFIG / ~/.kube/config, else the in-cluster service account.
 """

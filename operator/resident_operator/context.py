@@ -1,16 +1,21 @@
 """Everything one reconcile pass of one model works with, in one place.
 
-The handlers build a :class:`ModelContext` per pass: the API client, the settings, which
+The driver builds a :class:`ModelContext` per pass: the API client, the settings, which
 model (namespace, name, UID), a clock and a way to post Kubernetes Events. The pass
 functions (``owners.py``, ``rollout.py``, ``cleanup.py``) take it instead of reaching for
 globals, which also lets unit tests run them against simple stand-ins for the clock.
+
+A pass also says what should happen after it, in :class:`FollowUp`: run again at once
+(it made progress that the next step can build on), look again after some seconds (a
+timeout or a retry is due), or wait on an owner's transition. Everything else that
+moves a model forward arrives as a watch event (see ``driver.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .kube import Kube
@@ -19,6 +24,26 @@ from .settings import OperatorSettings
 
 log = logging.getLogger("resident_operator")
 EventFn = Callable[[str, str, bool], None]  # (reason, message, warning)
+
+
+@dataclass(frozen=True)
+class OwnerWait:
+    """An owner transition to wait on (``GET url?waitSeconds=N`` with the bearer token)."""
+
+    url: str
+    token: str
+
+
+@dataclass
+class FollowUp:
+    """What the driver should do after a pass: again at once, after ``due`` s, or on an owner."""
+
+    again: bool = False
+    due: float | None = None
+    owner_waits: list[OwnerWait] = field(default_factory=list)
+
+    def recheck_in(self, seconds: float) -> None:
+        self.due = max(0.0, seconds if self.due is None else min(self.due, seconds))
 
 
 @dataclass
@@ -32,6 +57,7 @@ class ModelContext:
     post_event: EventFn = lambda reason, message, warning: None
     clock: Callable[[], float] = time.time
     token: str = ""
+    follow_up: FollowUp = field(default_factory=FollowUp)
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """A Kubernetes Event on the model (for humans) plus a structured log line."""

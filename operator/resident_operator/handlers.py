@@ -1,82 +1,100 @@
-"""The kopf handlers: thin, typed, and all funnelled into one locked reconcile pass.
+"""The kopf handlers: thin, typed, and all funnelled into one driver per model.
 
 - ``configure`` (startup) is the one place settings are applied: finalizer name,
-  annotation-based progress storage, watch timeouts, event posting level, the API client.
-- ``on_create`` / ``on_update`` (spec) / ``on_resume`` run a pass; an invalid spec raises
-  :class:`kopf.PermanentError` after the condition is written.
-- ``resync`` (timer) runs a pass every ``RESIDENT_RESYNC_SECONDS`` so status follows Pods
-  and owners, and transitions progress; ``sweep`` (timer) deletes labelled orphans every
-  ``RESIDENT_SWEEP_SECONDS``. Both tick each second and skip until their interval passed,
-  so the intervals are settings read at startup, not at import.
-- ``on_delete`` deletes recorded children by UID and keeps the finalizer until all are gone.
+  annotation-based progress storage, server-side label selectors for the children's
+  watches, event posting level, the API client, the pass pool, the owner-wait HTTP
+  session and the cluster-wide orphan sweep.
+- ``model_handles`` indexes ResidentModels by UID; the value is the model's
+  :class:`~.driver.ModelHandle` (kept in its memo), which child handlers use to wake it.
+- ``model_changed``, ``pod_changed``, ``secret_changed`` and ``delivery_changed`` wake
+  the model a change concerns; ``drive`` (a daemon, one per model) runs its passes.
+- ``on_delete`` deletes recorded children by UID and keeps the finalizer until all are
+  gone; it takes the model's pass lock, so it never runs beside a pass.
 
-Passes of one model never overlap: each takes the model's lock (a timer that finds it
-taken skips its turn; a change handler waits, then retries via TemporaryError).
+See ``driver.py`` for what wakes a model and ``docs/operator.md`` for the event flow.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import logging
 import os
-import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kopf
 
 from . import metrics, naming
-from .cleanup import delete_recorded_children, prune_records, sweep_orphans
-from .context import ModelContext
+from .cleanup import delete_recorded_children
+from .children import recorded_uids
+from .driver import ModelHandle, drive
 from .kube import Kube, load_config
-from .reconcile import INVALID, reconcile, state_of
+from .passes import model_context, run_pass
+from .reconcile import state_of
 from .settings import OperatorSettings, settings_from_env
+from .sweep import sweep_once
 
 log = logging.getLogger("resident_operator")
 MODEL = (naming.GROUP, naming.VERSION, naming.MODEL_PLURAL)
-# A change handler retries its pass for up to an hour; the resync timer keeps going after.
-CHANGE_TIMEOUT = 3600.0
-TICK_SECONDS = 1.0  # timers fire this often and run a pass when its interval has passed
+DELIVERIES = (naming.GROUP, naming.VERSION, naming.DELIVERY_PLURAL)
+OWNED = {naming.LABEL_MODEL_UID: kopf.PRESENT}
+PASS_THREADS = 8        # passes of different models that may run at once
+DELETE_LOCK_SECONDS = 30
 
 
-class _Runtime:
-    settings: OperatorSettings = OperatorSettings()
-    kube: Kube | None = None
-    locks: dict[str, threading.Lock] = {}
-    last_run: dict[tuple[str, str], float] = {}
-    guard = threading.Lock()
+class Runtime:
+    """The operator-wide objects, made once at startup and shared through kopf's memo."""
 
-    @classmethod
-    def due(cls, what: str, uid: str, interval: float) -> bool:
-        """True (and remember now) if ``what`` last ran for ``uid`` at least ``interval`` ago."""
-        now = time.monotonic()
-        with cls.guard:
-            if now - cls.last_run.get((what, uid), -1e9) < interval:
-                return False
-            cls.last_run[(what, uid)] = now
-            return True
-
-    @classmethod
-    def lock(cls, uid: str) -> threading.Lock:
-        with cls.guard:
-            return cls.locks.setdefault(uid, threading.Lock())
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+        self.kube = Kube(load_config())
+        self.pool = ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="pass")
+        self.session: aiohttp.ClientSession | None = None
+        self.handles: dict[str, ModelHandle] = {}
+        self.sweeper: asyncio.Task | None = None
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    _Runtime.settings = settings_from_env()
-    _Runtime.kube = Kube(load_config())
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    rt = Runtime(settings_from_env())
+    rt.session = aiohttp.ClientSession()
+    memo.runtime = rt
     settings.persistence.finalizer = naming.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="resident.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="resident.dev", key="last-handled-configuration")
+    # Only our children are watched: the API server filters Pods and Secrets by label.
+    settings.watching.label_selectors["pods"] = naming.LABEL_MODEL_UID
+    settings.watching.label_selectors["secrets"] = naming.LABEL_MODEL_UID
     # Events are posted explicitly (kopf.event ignores this level); kopf's own log lines,
     # e.g. "failed temporarily" every retry while children go away, stay in the logs.
     settings.posting.level = logging.CRITICAL
-    settings.watching.server_timeout = 120
-    settings.watching.client_timeout = 150
-    settings.execution.max_workers = 8
-    log.info("resident operator configured", extra={"settings": _Runtime.settings.model_dump()})
+    log.info("resident operator configured", extra={"settings": rt.settings.model_dump()})
+
+
+@kopf.on.cleanup()
+async def shut_down(memo: kopf.Memo, **_: Any) -> None:
+    rt: Runtime = memo.runtime
+    if rt.sweeper is not None:
+        rt.sweeper.cancel()
+    if rt.session is not None:
+        await rt.session.close()
+    rt.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _sweep_forever(rt: Runtime) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(rt.settings.sweep_seconds)
+        try:
+            await loop.run_in_executor(rt.pool, contextvars.copy_context().run, sweep_once,
+                                       rt.kube, rt.settings, list(rt.handles.values()))
+        except Exception:  # noqa: BLE001 - the next sweep tries again
+            log.exception("orphan sweep failed")
 
 
 @kopf.on.login()
@@ -107,98 +125,76 @@ def _login_in_cluster(**kwargs: Any) -> kopf.ConnectionInfo | None:
         default_namespace=namespace.read_text().strip() if namespace.exists() else None)
 
 
-def _context(namespace: str, name: str) -> ModelContext | None:
-    kube = _Runtime.kube or Kube(load_config())
-    body = kube.get_model(namespace, name)
-    if body is None:
-        return None
-    body.setdefault("apiVersion", naming.API_VERSION)
-    body.setdefault("kind", "ResidentModel")
-
-    def post(reason: str, message: str, warning: bool) -> None:
-        kopf.event(body, type="Warning" if warning else "Normal", reason=reason,
-                   message=message[:1000])
-
-    return ModelContext(kube=kube, settings=_Runtime.settings, namespace=namespace, name=name,
-                        uid=body["metadata"]["uid"], body=body, post_event=post)
+# -- what wakes a model -------------------------------------------------------------------
+def _handle(memo: kopf.Memo, namespace: str, name: str, uid: str) -> ModelHandle:
+    if "handle" not in memo:
+        memo.handle = ModelHandle(namespace, name, uid)
+        memo.runtime.handles[uid] = memo.handle
+    return memo.handle
 
 
-def _pass(namespace: str, name: str, uid: str, *, wait: bool) -> None:
-    lock = _Runtime.lock(uid)
-    if not lock.acquire(timeout=30 if wait else 0):
-        if wait:
-            raise kopf.TemporaryError("another pass of this model is running", delay=1)
-        return
-    try:
-        ctx = _context(namespace, name)
-        if ctx is None or ctx.uid != uid:
-            return
-        try:
-            outcome, message = reconcile(ctx)
-        except kopf.TemporaryError:
-            metrics.RECONCILES.labels(result="waiting").inc()
-            raise
-        except Exception as e:
-            metrics.RECONCILES.labels(result="error").inc()
-            metrics.RECONCILE_ERRORS.labels(reason=type(e).__name__).inc()
-            raise kopf.TemporaryError(f"{type(e).__name__}: {e}", delay=5) from e
-        metrics.RECONCILES.labels(result=outcome).inc()
-        if outcome == INVALID and wait:
-            raise kopf.PermanentError(f"invalid spec: {message}")
-    finally:
-        lock.release()
+@kopf.index(*MODEL)
+async def model_handles(memo: kopf.Memo, namespace: str, name: str, uid: str, status: Any,
+                        **_: Any) -> dict[str, ModelHandle]:
+    handle = _handle(memo, namespace, name, uid)
+    handle.recorded = recorded_uids((status or {}).get("children"))
+    return {uid: handle}
 
 
-@kopf.on.create(*MODEL, retries=None, backoff=2, timeout=CHANGE_TIMEOUT)
-def on_create(namespace: str, name: str, uid: str, **_: Any) -> None:
-    _pass(namespace, name, uid, wait=True)
+@kopf.on.event(*MODEL)
+async def model_changed(memo: kopf.Memo, namespace: str, name: str, uid: str, meta: Any,
+                        type: str | None, **_: Any) -> None:
+    """The spec changed (a new generation) or deletion began; our own status writes do
+    not wake the model."""
+    handle = _handle(memo, namespace, name, uid)
+    generation = (meta.get("generation"), bool(meta.get("deletionTimestamp")))
+    if type == "DELETED":
+        memo.runtime.handles.pop(uid, None)
+    elif generation != handle.generation:
+        handle.generation = generation
+        handle.poke("model")
 
 
-@kopf.on.update(*MODEL, field="spec", retries=None, backoff=2, timeout=CHANGE_TIMEOUT)
-def on_update(namespace: str, name: str, uid: str, **_: Any) -> None:
-    _pass(namespace, name, uid, wait=True)
+def _wake_owner_of(labels: Any, model_handles: kopf.Index, cause: str) -> None:
+    for handle in model_handles.get(labels.get(naming.LABEL_MODEL_UID), []):
+        handle.poke(cause)
 
 
-@kopf.on.resume(*MODEL, retries=None, backoff=2, timeout=CHANGE_TIMEOUT)
-def on_resume(namespace: str, name: str, uid: str, **_: Any) -> None:
-    _pass(namespace, name, uid, wait=True)
+@kopf.on.event("pods", labels=OWNED)
+async def pod_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
+    _wake_owner_of(labels, model_handles, "pod")
 
 
-@kopf.timer(*MODEL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
-def resync(namespace: str, name: str, uid: str, status: dict, **_: Any) -> None:
-    """Observe again every ``resync_seconds`` when settled; every tick while a transition
-    or a placement is under way, so each step follows the previous one without a wait."""
-    settled = not status.get("transition") and status.get("phase") in ("Ready", "Degraded")
-    interval = _Runtime.settings.resync_seconds if settled else TICK_SECONDS
-    if _Runtime.due("resync", uid, interval):
-        _pass(namespace, name, uid, wait=False)
+@kopf.on.event("secrets", labels=OWNED)
+async def secret_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
+    _wake_owner_of(labels, model_handles, "secret")
 
 
-@kopf.timer(*MODEL, id="sweep", interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
-def sweep(namespace: str, name: str, uid: str, **_: Any) -> None:
-    if not _Runtime.due("sweep", uid, _Runtime.settings.sweep_seconds):
-        return
-    lock = _Runtime.lock(uid)
-    if not lock.acquire(blocking=False):
-        return
-    try:
-        ctx = _context(namespace, name)
-        if ctx is None or ctx.uid != uid or ctx.body["metadata"].get("deletionTimestamp"):
-            return
-        state = state_of(ctx)
-        prune_records(ctx, state)
-        sweep_orphans(ctx, state)
-    finally:
-        lock.release()
+@kopf.on.event(*DELIVERIES, labels=OWNED)
+async def delivery_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
+    _wake_owner_of(labels, model_handles, "delivery")
 
 
-@kopf.on.delete(*MODEL, retries=None, backoff=2, timeout=None)  # until every child is gone
-def on_delete(namespace: str, name: str, uid: str, **_: Any) -> None:
-    lock = _Runtime.lock(uid)
-    if not lock.acquire(timeout=30):
+# -- the model's passes ---------------------------------------------------------------------
+@kopf.daemon(*MODEL, cancellation_timeout=1.0)
+async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: str, name: str,
+                      uid: str, **_: Any) -> None:
+    rt: Runtime = memo.runtime
+    if rt.sweeper is None:   # started here, in a context where kopf.event() works
+        rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="orphan sweep")
+    handle = _handle(memo, namespace, name, uid)
+    one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock)
+    await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds)
+
+
+@kopf.on.delete(*MODEL, retries=None, backoff=1, timeout=None)  # until every child is gone
+def on_delete(memo: kopf.Memo, namespace: str, name: str, uid: str, **_: Any) -> None:
+    rt: Runtime = memo.runtime
+    lock = memo.handle.lock if "handle" in memo else None
+    if lock is not None and not lock.acquire(timeout=DELETE_LOCK_SECONDS):
         raise kopf.TemporaryError("a pass of this model is still running", delay=1)
     try:
-        ctx = _context(namespace, name)
+        ctx = model_context(rt.kube, rt.settings, namespace, name)
         if ctx is None or ctx.uid != uid:
             return
         ctx.kube.patch_model_status(namespace, name, {"phase": "Terminating"})
@@ -206,12 +202,9 @@ def on_delete(namespace: str, name: str, uid: str, **_: Any) -> None:
         remaining = delete_recorded_children(ctx, state_of(ctx))
         if remaining:
             names = ", ".join(f"{r['kind']}/{r['name']}" for r in remaining[:5])
-            raise kopf.TemporaryError(f"waiting for {len(remaining)} children to go: {names}", delay=2)
+            raise kopf.TemporaryError(f"waiting for {len(remaining)} children to go: {names}", delay=1)
         ctx.event("CleanupDone", "every recorded child is gone; removing the finalizer")
         metrics.set_model_phase(f"{namespace}/{name}", None)
     finally:
-        lock.release()
-    with _Runtime.guard:
-        _Runtime.locks.pop(uid, None)
-        for key in [k for k in _Runtime.last_run if k[1] == uid]:
-            _Runtime.last_run.pop(key, None)
+        if lock is not None:
+            lock.release()

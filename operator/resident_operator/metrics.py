@@ -7,6 +7,9 @@
   transition, ``phase`` is ``deliver``, ``apply`` or ``total``.
 - ``resident_transitions_total{result}``: finished transitions.
 - ``resident_models{phase}``: models by phase, as last observed by this operator.
+- ``resident_operator_wakes_total{cause}``: requests for a model's pass, by what asked
+  (``model``, ``pod``, ``secret``, ``delivery``, ``owner``).
+- ``resident_operator_pass_duration_seconds``: wall time of one pass.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ TRANSITION_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
 TRANSITIONS = Counter("resident_transitions_total", "Finished transitions by result.",
                       ["result"], registry=REGISTRY)
+WAKES = Counter("resident_operator_wakes_total", "Requests for a model's pass, by cause.",
+                ["cause"], registry=REGISTRY)
+PASS_SECONDS = Histogram("resident_operator_pass_duration_seconds", "Wall time of one pass.",
+                         registry=REGISTRY,
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 MODELS = Gauge("resident_models", "ResidentModels by phase (this operator's view).", ["phase"],
                registry=REGISTRY)
 PHASES = ("Pending", "Delivering", "Loading", "Ready", "Transitioning", "Degraded", "Terminating")

@@ -12,6 +12,8 @@ from typing import Any
 
 import requests
 
+from .context import OwnerWait
+
 
 class OwnerUnreachable(RuntimeError):
     """The owner did not answer, or answered with an error status."""
@@ -45,6 +47,11 @@ class OwnerClient:
     def start_transition(self, target: str, path: str, strategy: str) -> dict[str, Any]:
         return self._call("POST", "/v1/transitions",
                           {"target": target, "path": path, "strategy": strategy})[1]
+
+    def wait(self, transition_id: str) -> OwnerWait:
+        """How to wait for this transition's result (the driver does it, asynchronously)."""
+        return OwnerWait(url=f"{self.base}/v1/transitions/{transition_id}",
+                         token=self.headers["Authorization"][len("Bearer "):])
 
     def transition(self, transition_id: str) -> dict[str, Any] | None:
         """The owner's record of a transition, or None if it does not know the id (404)."""

@@ -26,6 +26,9 @@ from .placement import build_owner_pod, build_token_secret, new_token
 from .spec import ModelSpec
 
 
+UNREACHABLE_RETRY_SECONDS = 5.0
+
+
 def adoptable(obj: dict[str, Any], model_uid: str) -> bool:
     """A 409'd object we may record: labelled for this model UID and owned by it."""
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
@@ -162,4 +165,5 @@ def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpe
             views.append(owner_view(pod, client.identity()))
         except OwnerUnreachable as e:
             views.append(owner_view(pod, error=str(e)))
+            ctx.follow_up.recheck_in(UNREACHABLE_RETRY_SECONDS)  # no watch reports an owner's HTTP
     return views

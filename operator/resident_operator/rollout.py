@@ -34,6 +34,10 @@ from .transition import (Action, OwnerObservation, OwnerProgress, Step, Transiti
 from .transition_summary import summarize
 
 
+BLOCKED_RETRY_SECONDS = 10.0      # a transition that could not start (source down, plan failed)
+OWNER_STATE_RETRY_SECONDS = 1.0   # waiting for an owner to be ready without a transition to wait on
+
+
 def fetch_manifest(source: str, digest: str):
     with open_source(source) as src:
         return src.fetch_manifest(digest)
@@ -89,6 +93,9 @@ def _observe(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: OwnerPro
             obs["state"] = None  # unreachable: the step waits (until the timeout)
             log.info("owner unreachable while applying", extra={"model": f"{ctx.namespace}/{ctx.name}",
                                                                 "error": str(e)})
+        # the driver waits on the owner and wakes the model when it answers
+        if (obs.get("owner_transition") or {}).get("result", "running") == "running":
+            ctx.follow_up.owner_waits.append(client.wait(p.owner_transition))
     return OwnerObservation(**obs)
 
 
@@ -137,9 +144,11 @@ def _perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transitio
         client = OwnerClient(owner_address(ctx, {"status": {"podIP": view.pod_ip}}),
                              spec.runtime.port, ctx.token, ctx.settings.owner_timeout_seconds)
         answer = client.start_transition(t.to, t.path, spec.transition.strategy)
-        ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {answer.get('id')} to "
+        tid = str(answer.get("id") or "")
+        ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {tid} to "
                                             f"{t.to[:19]} ({spec.transition.strategy})")
-        return p.model_copy(update={"owner_transition": str(answer.get("id") or "")})
+        ctx.follow_up.owner_waits.append(client.wait(tid))
+        return p.model_copy(update={"owner_transition": tid})
     if action == Action.release_old_deliveries:
         for name in _release(ctx, state, deliveries, p.slot, keep_revision=t.to):
             ctx.event("OldRevisionReleased", f"deleted BundleDelivery {name} of {p.pod}: "
@@ -183,6 +192,7 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
             return None  # failed for this generation: wait for a spec change
         blocker = start_transition(ctx, state, spec, views)
         if blocker is not None or state.transition is None:
+            ctx.follow_up.recheck_in(BLOCKED_RETRY_SECONDS)  # the source may come back
             return blocker
     t = state.transition
     if spec.bundle.digest != t.to:
@@ -210,10 +220,24 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
             state.save_transition()
             if new.step != p.step:
                 _announce(ctx, t, new)
+                ctx.follow_up.again = True   # the next step may be possible now
+        _schedule_recheck(ctx, spec, new, now)
     result = outcome(t)
     if result != "running":
         _finish(ctx, state, t, result)
+        ctx.follow_up.again = True   # a queued transition may start
     return None
+
+
+def _schedule_recheck(ctx: ModelContext, spec: ModelSpec, p: OwnerProgress, now: float) -> None:
+    """The times this owner's step must be looked at again even if no event arrives: its
+    timeout, and short retries for waits that no watch or owner answer reports."""
+    if p.step in (Step.waiting, Step.done, Step.failed):
+        return
+    if p.started_at is not None:
+        ctx.follow_up.recheck_in(p.started_at + spec.transition.timeout_seconds - now + 0.1)
+    if (p.step == Step.applying and not p.owner_transition) or p.step == Step.verifying:
+        ctx.follow_up.recheck_in(OWNER_STATE_RETRY_SECONDS)  # the owner's state, not a watch
 
 
 def _announce(ctx: ModelContext, t: TransitionState, p: OwnerProgress) -> None:

@@ -2,7 +2,7 @@
 
 A ResidentModel says which bundle to keep resident and how to switch revisions. Where the
 owner image comes from when the model does not name one, how owners are reached, how
-often the operator looks at the world again: those belong to the installation, so they
+often a settled model is looked at again although nothing changed: those belong to the installation, so they
 are read once at startup from ``RESIDENT_*`` environment variables (the Helm chart sets
 them) into one typed, immutable object that every handler receives.
 """
@@ -30,8 +30,10 @@ class OperatorSettings(BaseModel):
     owner_host: str = Field(default="", description="host to reach owners at instead of the Pod IP")
     owner_host_network: bool = Field(default=False, description="run owner Pods with hostNetwork")
     owner_timeout_seconds: float = Field(default=5.0, gt=0, description="per owner HTTP call")
-    resync_seconds: float = Field(default=10.0, gt=0, description="how often a model is re-observed")
-    sweep_seconds: float = Field(default=60.0, gt=0, description="how often labelled orphans are swept")
+    resync_seconds: float = Field(default=300.0, gt=0, description=(
+        "safety resync: a settled model is passed again this often even if nothing woke it"))
+    sweep_seconds: float = Field(default=60.0, gt=0, description=(
+        "how often the cluster-wide sweep looks for labelled orphans"))
     readiness_period_seconds: int = Field(default=5, ge=1)
 
 

@@ -92,6 +92,8 @@ class OwnerProgress(_Camel):
     strategy: str = ""
     bytes: Bytes = Bytes()
     first_token_seconds: float | None = Field(default=None, alias="firstTokenSeconds")
+    staging_seconds: float | None = Field(default=None, alias="stagingSeconds")  # the bridge's own
+    owner_seconds: float | None = Field(default=None, alias="ownerSeconds")      # the owner's own
     reason: str = ""
     message: str = ""
 
@@ -201,6 +203,7 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
                      f"delivery {p.delivery} failed: {d.reason or 'no reason'} {d.message}".strip())
     if d.staged:
         p = _to(p, Step.applying, delivered_at=now, method=d.method,
+                staging_seconds=d.duration_seconds or None,
                 bytes=Bytes(fetched=d.fetched, reused=d.reused, written=d.written))
         return Decision(p, [Action.start_owner_transition])
     return Decision(p)
@@ -230,7 +233,8 @@ def _applying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: 
         return Decision(p)
     timings = ot.get("timings") or {}
     update = {"applied_at": now, "strategy": ot.get("strategy") or p.strategy,
-              "first_token_seconds": timings.get("firstTokenSeconds")}
+              "first_token_seconds": timings.get("firstTokenSeconds"),
+              "owner_seconds": timings.get("totalSeconds")}
     if result == "succeeded":
         return Decision(_to(p, Step.verifying, **update))
     if result == "needs-reload":

@@ -2,7 +2,10 @@
 
 From and to, the strategy and path used, the predicted and the actual bytes (fetched,
 reused, written, summed over owners), the durations (deliver and apply are the slowest
-owner's, first-token the slowest reported, total is wall clock from planning to the end),
+owner's, first-token the slowest reported, total is wall clock from planning to the end;
+``stagingSeconds`` and ``ownerSeconds`` are what the bridge and the owner report of their own
+work, and ``overheadSeconds`` is the rest of ``totalSeconds``: planning, watch latency,
+API writes - the operator's own share, exact for one owner, an upper bound for several),
 the result and, when it failed, the reason. Every key is always present (empty ones as
 null, which a merge patch turns into "remove"), so no stale key from an earlier transition
 stays behind.
@@ -24,6 +27,9 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
     owners = t.owners
     deliver = [o.delivered_at - o.started_at for o in owners if o.delivered_at and o.started_at]
     apply = [o.applied_at - o.delivered_at for o in owners if o.applied_at and o.delivered_at]
+    staging = _max([o.staging_seconds for o in owners])
+    owner_work = _max([o.owner_seconds for o in owners])
+    total = round(max(0.0, now - t.started_at), 3)
     strategies = sorted({o.strategy for o in owners if o.strategy})
     out = {
         "id": t.id,
@@ -39,7 +45,9 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
                   "written": sum(o.bytes.written for o in owners)},
         "durations": {"deliverSeconds": _max(deliver), "applySeconds": _max(apply),
                       "firstTokenSeconds": _max([o.first_token_seconds for o in owners]),
-                      "totalSeconds": round(max(0.0, now - t.started_at), 3)},
+                      "stagingSeconds": staging, "ownerSeconds": owner_work,
+                      "overheadSeconds": round(max(0.0, total - staging - owner_work), 3),
+                      "totalSeconds": total},
         "owners": len(owners),
         "replaced": sum(1 for o in owners if o.replaced),
         "result": t.result,

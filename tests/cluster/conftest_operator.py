@@ -51,7 +51,7 @@ LEASE_FINALIZER = "bundles.resident.dev/lease"
 OPERATOR_ENV = {
     "RESIDENT_OWNER_IMAGE": "resident-owner:test",
     "RESIDENT_OWNER_HOST": "127.0.0.1",
-    "RESIDENT_RESYNC_SECONDS": "0.5",
+    "RESIDENT_RESYNC_SECONDS": "120",   # nothing in a test may rely on the safety resync
     "RESIDENT_SWEEP_SECONDS": "2",
     "RESIDENT_OWNER_TIMEOUT_SECONDS": "3",
 }

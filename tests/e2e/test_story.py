@@ -83,6 +83,7 @@ def test_model_is_served_transitions_and_is_cleaned_up(world):
     # graph-only: only the graph file moves
     last = story.transition({"bundle": {"source": server.url, "digest": revs.b}})
     assert (last["path"], last["method"], last["result"]) == ("GraphOnly", "graph-only", "succeeded")
+    _assert_steps_follow_at_once(last)
     size_b = read_manifest(dirs["b"]).total_bytes
     assert last["bytes"]["fetched"] < 64 * 1024
     assert last["bytes"]["fetched"] + last["bytes"]["reused"] == size_b
@@ -93,6 +94,7 @@ def test_model_is_served_transitions_and_is_cleaned_up(world):
     assert (last["path"], last["method"], last["strategy"], last["result"]) == (
         "WholeBundle", "rebase", "InPlace", "succeeded")
     assert 0 < last["bytes"]["fetched"] < 0.5 * SIZE
+    _assert_steps_follow_at_once(last)
     pod_after = _owner_pod(story)
     assert pod_after.metadata.uid == pod.metadata.uid  # in place: the same Pod, no restart
     assert story.generate("hello", max_tokens=6)["identity"]["bundle"] == revs.c
@@ -101,6 +103,7 @@ def test_model_is_served_transitions_and_is_cleaned_up(world):
     last = story.transition(whole_bundle_reload(server.url, revs.d))
     assert (last["path"], last["method"], last["strategy"], last["result"]) == (
         "WholeBundle", "rebase", "Reload", "succeeded")
+    _assert_steps_follow_at_once(last)
     assert story.generate("hello", max_tokens=6)["identity"]["bundle"] == revs.d
     # the volume's lease pins what it was published with until unpublish; of the delivered
     # revisions only the live one stays leased (B's and C's deliveries were deleted)
@@ -111,6 +114,38 @@ def test_model_is_served_transitions_and_is_cleaned_up(world):
     for reason in ("TransitionPlanned", "DeliveryStaged", "OwnerTransitionApplied", "TransitionSucceeded"):
         assert reason in events
 
+    story.delete_and_wait_gone()
+    _assert_nothing_left(story)
+
+
+def _assert_steps_follow_at_once(last: dict) -> None:
+    """What the operator adds to a transition beyond the bridge's staging and the owner's
+    own work: planning, watch latency, API writes. A 1 s tick used to make it ~2.5 s; the
+    bound is loose on purpose (experiments/09 holds the real figure)."""
+    d = last["durations"]
+    assert d["stagingSeconds"] > 0 and d["ownerSeconds"] > 0, d
+    assert d["overheadSeconds"] <= 1.0, d
+
+
+def test_status_follows_an_owner_pod_deletion_and_reads_0_of_0_at_zero_replicas(world):
+    cluster, server, revs, _, _ = world
+    story = _ready(world, "e2e-status", revs.a)
+    pod = _owner_pod(story)
+    t0 = time.monotonic()
+    story.core.delete_namespaced_pod(pod.metadata.name, story.namespace)
+    deadline = t0 + 10
+    while story.get()["status"].get("ready") != "0/1":
+        assert time.monotonic() < deadline, "status still says the deleted owner is ready"
+        time.sleep(0.05)
+    lag = time.monotonic() - t0
+    assert lag <= 3.0, f"status followed the owner Pod's deletion after {lag:.2f}s"
+    story.wait_ready(revs.a)                      # a new owner takes the slot
+    assert _owner_pod(story).metadata.uid != pod.metadata.uid
+    story.patch_spec({"replicas": 0})
+    rm = story.wait("ready 0/0 with no owner", lambda rm: rm.get("status", {}).get("ready") == "0/0"
+                    and not story.core.list_namespaced_pod(
+                        story.namespace, label_selector=f"resident.dev/model={story.name}").items, timeout=120)
+    assert rm["status"]["ready"] == "0/0"
     story.delete_and_wait_gone()
     _assert_nothing_left(story)
 

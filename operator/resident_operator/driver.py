@@ -1,0 +1,125 @@
+"""The model's driver: one asyncio loop per ResidentModel runs every pass of that model.
+
+A pass runs when something it depends on changed, never on a tick:
+- the model's own spec (a new ``metadata.generation``) or its deletion;
+- a child labelled with the model's UID: an owner Pod (scheduled, running, ready, deleted),
+  the token Secret, a BundleDelivery (Staged, Failed, released);
+- an owner's answer to ``GET /v1/transitions/{id}?waitSeconds=N``: the driver waits on the
+  owner (asynchronously, no thread held) and wakes the model when the transition ends;
+- a time the previous pass asked for (:class:`~.context.FollowUp`): a step's timeout, a
+  retry of an unreachable owner or of a source that was down;
+- the slow safety resync (``RESIDENT_RESYNC_SECONDS``, with jitter).
+
+A pass that made progress asks to run again at once, so the steps of a transition follow
+each other with no delay. The wake flag is cleared before the pass reads anything: any
+number of events during a pass cause exactly one more pass (bursts coalesce), and since
+this loop is the only caller, passes of one model never overlap. The pass itself is
+blocking code (API and owner calls); it runs in a bounded thread pool and holds the
+model's ``threading.Lock``, which the delete handler also takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import random
+import threading
+from concurrent.futures import Executor
+from typing import Any, Callable
+
+import aiohttp
+
+from . import metrics
+from .context import FollowUp, OwnerWait
+
+log = logging.getLogger("resident_operator")
+OWNER_WAIT_SECONDS = 30      # one waiting GET; the owner allows up to 60
+UNREACHABLE_PAUSE = 1.0      # an owner that does not answer: wake the model, but not in a loop
+
+
+class ModelHandle:
+    """What the operator keeps in memory for one model: its wake flag, its pass lock, the
+    owner transitions it waits on, and the children its status records (for the sweep)."""
+
+    def __init__(self, namespace: str, name: str, uid: str) -> None:
+        self.namespace, self.name, self.uid = namespace, name, uid
+        self.wake = asyncio.Event()
+        self.lock = threading.Lock()
+        self.waiters: dict[str, asyncio.Task] = {}
+        self.recorded: set[str] = set()
+        self.generation: Any = None
+
+    def poke(self, cause: str) -> None:
+        """Ask for a pass (call on the operator's event loop: asyncio.Event is not thread-safe)."""
+        metrics.WAKES.labels(cause=cause).inc()
+        self.wake.set()
+
+
+def next_wait(follow: FollowUp, resync_seconds: float) -> float:
+    """Seconds until the next pass if no event comes: 0 to go on at once, else the earliest
+    due time, at most the safety resync (jittered by up to 10 % so models spread out)."""
+    if follow.again:
+        return 0.0
+    resync = resync_seconds * random.uniform(0.9, 1.0)
+    return resync if follow.due is None else min(follow.due, resync)
+
+
+async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], FollowUp | None],
+                pool: Executor, session: aiohttp.ClientSession, resync_seconds: float) -> None:
+    """Run passes until the model is deleted (``stopped``) or gone."""
+    loop = asyncio.get_running_loop()
+    wait = 0.0
+    try:
+        while not stopped:
+            await _sleep(handle.wake, stopped, wait)
+            if stopped:
+                break
+            handle.wake.clear()
+            # kopf.event() reads kopf's context variables: run the pass in a copy of them
+            follow = await loop.run_in_executor(pool, contextvars.copy_context().run, run_pass)
+            if follow is None:
+                break
+            for owner in follow.owner_waits:
+                if owner.url not in handle.waiters:
+                    handle.waiters[owner.url] = asyncio.create_task(
+                        _wait_owner(handle, owner, session), name=f"owner-wait {owner.url}")
+            wait = next_wait(follow, resync_seconds)
+    finally:
+        for task in list(handle.waiters.values()):
+            task.cancel()
+
+
+async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
+    if wake.is_set() or timeout <= 0:
+        return
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def _wait_owner(handle: ModelHandle, owner: OwnerWait, session: aiohttp.ClientSession) -> None:
+    """Wait until the owner's transition has a result (or the owner stops answering),
+    then wake the model."""
+    headers = {"Authorization": f"Bearer {owner.token}"}
+    timeout = aiohttp.ClientTimeout(total=OWNER_WAIT_SECONDS + 10)
+    try:
+        while True:
+            try:
+                async with session.get(owner.url, params={"waitSeconds": str(OWNER_WAIT_SECONDS)},
+                                       headers=headers, timeout=timeout) as resp:
+                    body = await resp.json(content_type=None) if resp.status == 200 else None
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                log.info("owner did not answer a transition wait",
+                         extra={"model": f"{handle.namespace}/{handle.name}", "url": owner.url,
+                                "error": f"{type(e).__name__}: {e}"})
+                await asyncio.sleep(UNREACHABLE_PAUSE)
+                break
+            if not (isinstance(body, dict) and body.get("result") == "running"):
+                break
+        handle.poke("owner")
+    finally:
+        handle.waiters.pop(owner.url, None)

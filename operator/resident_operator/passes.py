@@ -1,0 +1,78 @@
+"""One pass of one model, as the driver's thread pool runs it.
+
+A pass reads the model fresh (one GET, so it always sees its own earlier status writes),
+runs :func:`~.reconcile.reconcile` under the model's lock and turns what happened into a
+:class:`~.context.FollowUp`: a ``kopf.TemporaryError`` or an unexpected exception asks for
+a retry after its delay, an invalid spec waits for the next spec change. Nothing here
+raises: a driver loop must never die of a pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import kopf
+
+from . import metrics, naming
+from .context import FollowUp, ModelContext
+from .kube import Kube
+from .reconcile import reconcile
+from .settings import OperatorSettings
+
+log = logging.getLogger("resident_operator")
+ERROR_RETRY_SECONDS = 5.0
+
+
+def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: str
+                  ) -> ModelContext | None:
+    """The model as the API server has it now, with Events posted on it; None if gone."""
+    body = kube.get_model(namespace, name)
+    if body is None:
+        return None
+    body.setdefault("apiVersion", naming.API_VERSION)
+    body.setdefault("kind", "ResidentModel")
+
+    def post(reason: str, message: str, warning: bool) -> None:
+        kopf.event(body, type="Warning" if warning else "Normal", reason=reason,
+                   message=message[:1000])
+
+    return ModelContext(kube=kube, settings=settings, namespace=namespace, name=name,
+                        uid=body["metadata"]["uid"], body=body, post_event=post)
+
+
+def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, uid: str,
+             lock: threading.Lock) -> FollowUp | None:
+    """One pass; None when the model is gone (or replaced by another of the same name)."""
+    t0 = time.perf_counter()
+    with lock:
+        try:
+            ctx = model_context(kube, settings, namespace, name)
+        except Exception as e:  # noqa: BLE001 - the API server may be restarting
+            log.warning("cannot read the model", extra={"model": f"{namespace}/{name}",
+                                                        "error": f"{type(e).__name__}: {e}"})
+            return FollowUp(due=ERROR_RETRY_SECONDS)
+        if ctx is None or ctx.uid != uid:
+            return None
+        _reconcile(ctx)
+    metrics.PASS_SECONDS.observe(time.perf_counter() - t0)
+    return ctx.follow_up
+
+
+def _reconcile(ctx: ModelContext) -> None:
+    model = f"{ctx.namespace}/{ctx.name}"
+    try:
+        outcome, _ = reconcile(ctx)
+    except kopf.TemporaryError as e:
+        metrics.RECONCILES.labels(result="waiting").inc()
+        log.info("pass waits", extra={"model": model, "reason": str(e)})
+        ctx.follow_up.recheck_in(e.delay or ERROR_RETRY_SECONDS)
+        return
+    except Exception as e:  # noqa: BLE001 - counted, logged and retried
+        metrics.RECONCILES.labels(result="error").inc()
+        metrics.RECONCILE_ERRORS.labels(reason=type(e).__name__).inc()
+        log.exception("pass failed", extra={"model": model})
+        ctx.follow_up.recheck_in(ERROR_RETRY_SECONDS)
+        return
+    metrics.RECONCILES.labels(result=outcome).inc()
+

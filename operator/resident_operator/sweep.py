@@ -1,0 +1,85 @@
+"""The orphan sweep: one cluster-wide pass every ``RESIDENT_SWEEP_SECONDS``.
+
+It lists each swept kind (BundleDeliveries, Pods, Secrets) once per namespace that holds
+models, by the ``resident.dev/model-uid`` label, and compares what it finds with the
+children each model's status records (kept in memory from the model watch). Only a model
+with a difference is looked at closely: under its pass lock and from a fresh read, objects
+labelled for it but not recorded are deleted by UID (Event ``OrphanDeleted``) and records
+of objects that went away are forgotten. An object whose controller, by owner reference,
+is a model that no longer exists is deleted by UID as well. A settled cluster costs three
+LIST requests per namespace and sweep, whatever the number of models.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any, Iterable
+
+from . import naming
+from .cleanup import SWEPT_KINDS, prune_records, sweep_orphans
+from .driver import ModelHandle
+from .kube import Kube
+from .passes import model_context
+from .reconcile import state_of
+from .settings import OperatorSettings
+
+log = logging.getLogger("resident_operator")
+
+
+def sweep_once(kube: Kube, settings: OperatorSettings, handles: Iterable[ModelHandle]) -> list[str]:
+    """One sweep over every namespace with models; returns the ``kind/name`` deleted."""
+    by_namespace: dict[str, list[ModelHandle]] = defaultdict(list)
+    for h in handles:
+        by_namespace[h.namespace].append(h)
+    swept: list[str] = []
+    for namespace, models in by_namespace.items():
+        listed: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for kind in SWEPT_KINDS:
+            for obj in kube.list(namespace, kind, naming.LABEL_MODEL_UID):
+                listed[obj["metadata"]["labels"][naming.LABEL_MODEL_UID]].append(obj)
+        known = {h.uid for h in models}
+        for model_uid, objs in listed.items():
+            if model_uid not in known:
+                swept += _delete_if_parent_gone(kube, namespace, objs)
+        for h in models:
+            if _differs(h, listed.get(h.uid, [])):
+                swept += _sweep_model(kube, settings, h)
+    return swept
+
+
+def _differs(h: ModelHandle, objs: list[dict[str, Any]]) -> bool:
+    present = {o["metadata"]["uid"] for o in objs}
+    unrecorded = any(o["metadata"]["uid"] not in h.recorded and not o["metadata"].get("deletionTimestamp")
+                     for o in objs)
+    return unrecorded or bool(h.recorded - present)
+
+
+def _sweep_model(kube: Kube, settings: OperatorSettings, h: ModelHandle) -> list[str]:
+    with h.lock:
+        ctx = model_context(kube, settings, h.namespace, h.name)
+        if ctx is None or ctx.uid != h.uid or ctx.body["metadata"].get("deletionTimestamp"):
+            return []
+        state = state_of(ctx)
+        prune_records(ctx, state)
+        return sweep_orphans(ctx, state)
+
+
+def _delete_if_parent_gone(kube: Kube, namespace: str, objs: list[dict[str, Any]]) -> list[str]:
+    """Objects labelled for a model this operator does not know: deleted only when their
+    controller model is really gone (read back by the owner reference's name)."""
+    swept = []
+    for obj in objs:
+        meta = obj["metadata"]
+        ref = next((r for r in meta.get("ownerReferences") or []
+                    if r.get("controller") and r.get("kind") == "ResidentModel"), None)
+        if ref is None or meta.get("deletionTimestamp"):
+            continue
+        parent = kube.get_model(namespace, ref["name"])
+        if parent is not None and parent["metadata"]["uid"] == ref["uid"]:
+            continue   # alive: its operator has not seen it yet
+        if kube.delete(namespace, obj["kind"], meta["name"], meta["uid"]) == "deleted":
+            log.info("deleted a child of a deleted model", extra={
+                "object": f"{obj['kind']}/{namespace}/{meta['name']}", "model_uid": ref["uid"]})
+            swept.append(f"{obj['kind']}/{meta['name']}")
+    return swept

@@ -1,0 +1,104 @@
+"""The driver loop on a real asyncio loop: coalescing, no overlap, follow-ups, stop.
+
+The pass is a plain function here (the cluster tests run the real one); ``Stopped`` stands
+in for kopf's daemon flag (truthy when set, awaitable ``wait()``).
+"""
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from resident_operator.context import FollowUp
+from resident_operator.driver import ModelHandle, drive, next_wait
+
+
+class Stopped:
+    def __init__(self):
+        self.flag = asyncio.Event()
+
+    def __bool__(self):
+        return self.flag.is_set()
+
+    def wait(self):
+        return self.flag.wait()
+
+
+def test_next_wait_prefers_again_then_the_earliest_due_within_the_resync():
+    assert next_wait(FollowUp(again=True, due=5), 300) == 0.0
+    assert next_wait(FollowUp(due=2.5), 300) == 2.5
+    assert 270 <= next_wait(FollowUp(), 300) <= 300          # jittered safety resync
+    assert next_wait(FollowUp(due=900), 300) <= 300
+    f = FollowUp()
+    f.recheck_in(10)
+    f.recheck_in(3)
+    f.recheck_in(7)
+    assert f.due == 3
+
+
+def test_a_burst_during_a_pass_causes_exactly_one_more_pass_and_passes_never_overlap():
+    calls, running, overlaps = [], threading.Lock(), []
+
+    async def scenario():
+        handle, stopped = ModelHandle("ns", "m", "uid"), Stopped()
+
+        def one_pass():
+            if not running.acquire(blocking=False):
+                overlaps.append(time.monotonic())
+                return FollowUp()
+            try:
+                calls.append(time.monotonic())
+                time.sleep(0.2)
+                return FollowUp()
+            finally:
+                running.release()
+
+        with ThreadPoolExecutor(4) as pool:
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 300))
+            await asyncio.sleep(0.05)           # the first pass runs (a new driver starts with one)
+            for _ in range(50):                 # a burst of events during that pass
+                handle.poke("pod")
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.6)            # first pass ends, exactly one more runs
+            assert len(calls) == 2
+            await asyncio.sleep(0.3)
+            assert len(calls) == 2              # settled: nothing more without an event
+            handle.poke("delivery")
+            await asyncio.sleep(0.3)
+            assert len(calls) == 3
+            stopped.flag.set()
+            await asyncio.wait_for(task, 2)
+
+    asyncio.run(scenario())
+    assert not overlaps
+
+
+def test_progress_runs_again_at_once_and_a_due_time_wakes_the_model():
+    calls = []
+
+    async def scenario():
+        handle, stopped = ModelHandle("ns", "m", "uid"), Stopped()
+        plan = [FollowUp(again=True), FollowUp(again=True), FollowUp(due=0.3), FollowUp()]
+
+        def one_pass():
+            calls.append(time.monotonic())
+            return plan[len(calls) - 1] if len(calls) <= len(plan) else FollowUp()
+
+        with ThreadPoolExecutor(1) as pool:
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 300))
+            await asyncio.sleep(1.0)
+            stopped.flag.set()
+            await asyncio.wait_for(task, 2)
+
+    asyncio.run(scenario())
+    assert len(calls) == 4
+    assert calls[2] - calls[0] < 0.2            # the steps followed each other at once
+    assert 0.25 < calls[3] - calls[2] < 0.6     # then the due time, not the 300 s resync
+
+
+def test_a_gone_model_ends_the_driver():
+    async def scenario():
+        with ThreadPoolExecutor(1) as pool:
+            await asyncio.wait_for(drive(ModelHandle("ns", "m", "u"), Stopped(), lambda: None,
+                                         pool, None, 300), 2)
+    asyncio.run(scenario())
