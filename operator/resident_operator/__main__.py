@@ -8,6 +8,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
+
+# kopf ends the whole operator when a watch stream fails with an error it does not retry,
+# e.g. a 404 from an API server that restarted and does not serve custom resources yet.
+# The operator then starts again in the same process: every model resumes from status.
+RESTART_SECONDS = 2.0
 
 EPILOG = """\
 The operator watches ResidentModels (resident.dev/v1alpha1) and, for each, keeps
@@ -69,9 +75,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=REGISTRY)
-    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
-             liveness_endpoint=args.liveness)
-    return 0
+    while True:
+        try:
+            kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
+                     liveness_endpoint=args.liveness)
+            return 0   # stopped by a signal
+        except Exception as e:  # noqa: BLE001 - see RESTART_NOTE
+            logging.getLogger("resident_operator").error(
+                "the operator stopped on an error; starting it again", exc_info=True,
+                extra={"error": f"{type(e).__name__}: {e}", "restart_in_seconds": RESTART_SECONDS})
+            time.sleep(RESTART_SECONDS)
 
 
 if __name__ == "__main__":
