@@ -10,7 +10,10 @@ each folder's ``verify.py`` calls it again on ``raw.json`` and checks that the s
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +48,17 @@ def summarize(samples: list[dict], metric: str, ratios: dict[str, tuple[str, str
     for name, (num, den) in ratios.items():
         out["ratios"][name] = per_arm[num]["median"] / per_arm[den]["median"]
     return out
+
+
+def machine() -> dict:
+    """What a raw.json records about where and on what it ran: the git commit (and whether
+    the tree had changes), the load average, the cores and the time."""
+    repo = Path(__file__).resolve().parent.parent
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True,  # noqa: E731
+                                    text=True).stdout.strip()
+    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+            "loadavg": list(os.getloadavg()), "cpus": os.cpu_count(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def write(folder: Path, raw: dict, summary: dict) -> None:

@@ -13,14 +13,26 @@ nothing is already on the node. Arms (n rounds, order alternating each round):
 
 The figure per sample is ``status.lastTransition.durations.totalSeconds`` (the operator's
 wall clock from planning to the owner's first token on the new revision), with the bytes
-and the other durations kept beside it. ``python run.py [--rounds N] [--size-mib M]``.
+and the other durations kept beside it: ``stagingSeconds`` (the bridge's own time),
+``ownerSeconds`` (the owner's own transition, first token included) and
+``overheadSeconds`` (the rest: the operator's share). ``spec_to_done_seconds`` is measured
+by this script: from the spec patch until ``lastTransition`` names the new revision
+(polled every 20 ms). After the arms, ``--lag-trials`` times an owner Pod is deleted and
+the time until ``status.ready`` stops counting it is measured the same way.
+
+Every revision is made from the live one and removed (its directory and its blobs on the
+bundle server) once the model has moved past it, so the disk holds at most two
+revisions besides the node's store. ``python run.py [--rounds N] [--size-mib M] [--out D]``;
+results go to ``<size>mib/raw.json`` and ``summary.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,20 +55,70 @@ RATIOS = {
 }
 
 
+PARTS = ("deliver_seconds", "apply_seconds", "first_token_seconds", "staging_seconds",
+         "owner_seconds", "overhead_seconds", "spec_to_done_seconds", "fetched", "written")
+
+
 def recompute(raw: dict) -> dict:
     summary = benchkit.summarize(raw["samples"], "total_seconds", RATIOS)
-    for part in ("deliver_seconds", "apply_seconds", "first_token_seconds", "fetched", "written"):
-        summary[part] = {arm: benchkit.stats([s[part] for s in raw["samples"] if s["arm"] == arm])["median"]
-                         for arm in ARMS}
+    for part in PARTS:
+        if all(part in s for s in raw["samples"]):
+            summary[part] = {arm: benchkit.stats([s[part] for s in raw["samples"] if s["arm"] == arm])["median"]
+                             for arm in ARMS}
     summary["deliver_ratios"] = benchkit.summarize(raw["samples"], "deliver_seconds", RATIOS)["ratios"]
+    if all("staging_seconds" in s for s in raw["samples"]):
+        summary["staging_ratios"] = benchkit.summarize(raw["samples"], "staging_seconds", RATIOS)["ratios"]
+    lags = sorted(raw.get("status_lag_seconds") or [])
+    if lags:
+        summary["status_lag"] = {"n": len(lags), "median": benchkit.stats(lags)["median"],
+                                 "p95": lags[min(len(lags) - 1, round(0.95 * (len(lags) - 1)))],
+                                 "max": lags[-1]}
     return summary
+
+
+def wait_until(what: str, probe, timeout: float = 600.0, every: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(every)
+    raise TimeoutError(f"not {what} after {timeout:.0f}s")
+
+
+def drop_revision(directory: Path, served_root: Path, keep: Path) -> None:
+    """Remove a revision's directory and the blobs on the bundle server only it used."""
+    from bundle.scan import read_manifest
+    kept = {f.sha256 for f in read_manifest(keep).files}
+    for f in read_manifest(directory).files:
+        if f.sha256 not in kept:
+            (served_root / "blobs" / f"sha256-{f.sha256}").unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def status_lag(story, trials: int) -> list[float]:
+    """Delete the owner Pod; seconds until status.ready stops counting it. Ready again between."""
+    lags = []
+    for _ in range(trials):
+        rm = story.wait("Ready", lambda rm: rm.get("status", {}).get("phase") == "Ready")
+        pod = story.core.list_namespaced_pod(story.namespace, label_selector=f"resident.dev/model={story.name}").items
+        live = [p for p in pod if not p.metadata.deletion_timestamp]
+        t0 = time.monotonic()
+        story.core.delete_namespaced_pod(live[0].metadata.name, story.namespace)
+        wait_until("ready 0/1", lambda: story.get()["status"].get("ready") == "0/1")
+        lags.append(round(time.monotonic() - t0, 4))
+        story.wait_ready(rm["status"]["identity"]["bundle"])
+    return lags
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size-mib", type=int, default=64)
+    ap.add_argument("--lag-trials", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=None, help="default: <size>mib/ next to this script")
     args = ap.parse_args(argv)
+    out = args.out or HERE / f"{args.size_mib}mib"
 
     from bundle.demo import make_revision
     from localcluster.install import install
@@ -64,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp09-"))
+    machine_before = benchkit.machine()
     revs, dirs = make_bundles(work, args.size_mib * 2**20)
+    for k in "bcd":
+        shutil.rmtree(dirs[k])     # only A is used: every arm derives its own revision
     with LocalCluster() as cluster, BundleServer(work / "served", work / "logs") as server:
         server.push(dirs["a"])
         installation = install(cluster)
@@ -84,23 +149,36 @@ def main(argv: list[str] | None = None) -> int:
                 digest = make_revision(live["dir"], target, kind, fraction=0.005, seed=100 + live["n"],
                                        chunk_size=CHUNK).digest
                 server.push(target)
-                last = story.transition({"bundle": {"source": server.url, "digest": digest},
-                                         "delivery": delivery, "transition": {"strategy": strategy}})
+                t0 = time.monotonic()
+                story.patch_spec({"bundle": {"source": server.url, "digest": digest},
+                                  "delivery": delivery, "transition": {"strategy": strategy}})
+                last = wait_until("done", lambda: (
+                    (story.get()["status"].get("lastTransition") or {}).get("to") == digest
+                    and story.get()["status"]["lastTransition"]))
+                spec_to_done = time.monotonic() - t0
+                story.wait_ready(digest)
+                drop_revision(live["dir"], work / "served", keep=target)
                 live["dir"] = target
                 d, b = last["durations"], last["bytes"]
                 return {"total_seconds": d["totalSeconds"], "deliver_seconds": d["deliverSeconds"],
                         "apply_seconds": d["applySeconds"], "first_token_seconds": d["firstTokenSeconds"],
+                        "staging_seconds": d["stagingSeconds"], "owner_seconds": d["ownerSeconds"],
+                        "overhead_seconds": d["overheadSeconds"], "spec_to_done_seconds": round(spec_to_done, 4),
                         "fetched": b["fetched"], "reused": b["reused"], "written": b["written"],
                         "path": last["path"], "method": last["method"], "strategy": last["strategy"],
                         "result": last["result"]}
             return once
 
         samples = benchkit.run_rounds(args.rounds, {name: arm(name) for name in ARMS})
+        lags = status_lag(story, args.lag_trials)
+    shutil.rmtree(work, ignore_errors=True)
     raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "chunk_bytes": CHUNK,
                       "arms": {k: list(v[:1]) + [v[1], v[2]] for k, v in ARMS.items()}},
-           "samples": samples}
+           "machine": {"before": machine_before, "after": benchkit.machine()},
+           "samples": samples, "status_lag_seconds": lags}
     summary = recompute(raw)
-    benchkit.write(HERE, raw, summary)
+    out.mkdir(parents=True, exist_ok=True)
+    benchkit.write(out, raw, summary)
     for name, value in summary["ratios"].items():
         print(f"{name:<30} {value:6.2f}x")
     return 0

@@ -1,0 +1,212 @@
+"""Experiment 10: what many ResidentModels cost the operator, poll-driven vs event-driven.
+
+A real control plane (etcd, kube-apiserver, controller-manager, scheduler; no node, so
+owner Pods stay Pending) and the operator as its own process, under its own static token
+user so the API server's audit log attributes every request to it. Arms:
+
+- ``poll``: the operator as of commit ``POLL_COMMIT`` (two 1 s kopf timers per model, a
+  full re-read of the model, its Pods and deliveries at every resync), unpacked from git
+  into a temporary directory and run with its own defaults;
+- ``event``: the operator of this checkout (one driver per model woken by watch events,
+  a slow safety resync, one cluster-wide sweep).
+
+Per round and arm: a fresh namespace, the operator started, ``--models`` ResidentModels
+created at once (8 client threads); *converge* is the time from the last create until
+every model has status conditions; then the operator is left alone for ``--settle``
+seconds and we record its CPU time (utime+stime from /proc), its RSS at the end, and its
+API requests in that window (audit log, one entry per request, long watches included);
+``apiserver_request_total`` over the same window is kept beside it (it includes the
+controller-manager's and the scheduler's own traffic). Arms alternate each round.
+
+``python experiments/10-operator-scale/run.py [--rounds 5] [--models 300] [--settle 300]``
+(root not needed). ``verify.py`` recomputes summary.json from raw.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(REPO))
+
+import benchkit  # noqa: E402
+
+POLL_COMMIT = "587e517"          # the last commit of the poll-driven operator
+USER = "resident-operator"
+ARMS = ("poll", "event")
+RATIOS = {"poll_over_event": ("poll", "event")}
+METRICS = ("requests_per_model_minute", "cpu_fraction", "rss_mib", "converge_seconds")
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    users: ["%s"]
+  - level: None
+""" % USER
+
+
+def recompute(raw: dict) -> dict:
+    return {m: benchkit.summarize(raw["samples"], m, RATIOS) for m in METRICS}
+
+
+def operator_tree(work: Path, arm: str) -> Path:
+    """The ``operator/`` folder an arm runs: this checkout's, or POLL_COMMIT's unpacked."""
+    if arm == "event":
+        return REPO / "operator"
+    dest = work / f"operator-{POLL_COMMIT}"
+    if not dest.exists():
+        dest.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", POLL_COMMIT, "operator"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "operator"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024
+
+
+def audited_requests(log: Path, since: float, until: float) -> int:
+    """Requests by USER received in [since, until) (epoch seconds), each counted once."""
+    seen = set()
+    if not log.exists():
+        return 0
+    for line in log.read_text().splitlines():
+        e = json.loads(line)
+        if (e.get("user") or {}).get("username") != USER:
+            continue
+        t = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        if since <= t < until:
+            seen.add(e["auditID"])
+    return len(seen)
+
+
+def apiserver_requests(cp) -> float:
+    req = urllib.request.Request(f"{cp.server}/metrics", headers={"Authorization": f"Bearer {cp.token}"})
+    with urllib.request.urlopen(req, context=ssl._create_unverified_context(), timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("apiserver_request_total{"))
+
+
+def model(name: str) -> dict:
+    return {"apiVersion": "resident.dev/v1alpha1", "kind": "ResidentModel", "metadata": {"name": name},
+            "spec": {"bundle": {"source": "file:///srv/bundles/none",
+                                "digest": "sha256:" + "ab" * 32}}}
+
+
+def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int) -> dict:
+    from kubernetes import client
+
+    api = cp.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    ns = f"scale-{arm}-{index}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    kubeconfig = work / f"{USER}.kubeconfig"
+    cp.write_kubeconfig(str(kubeconfig), cp.user_tokens[USER][0], USER)
+    tree = operator_tree(work, arm)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "RESIDENT_OWNER_IMAGE": "resident-owner:bench",
+           "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)])}
+    log = open(work / f"operator-{arm}-{index}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "resident_operator", "-n", ns, "--metrics-port", "0"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(work))
+    try:
+        time.sleep(3)   # kopf is up and watching an empty namespace
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: custom.create_namespaced_custom_object(
+                "resident.dev", "v1alpha1", ns, "residentmodels", model(f"m{i:04d}")), range(models)))
+        applied = time.monotonic()
+        while True:
+            items = custom.list_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels")["items"]
+            if sum(1 for m in items if (m.get("status") or {}).get("conditions")) == models:
+                break
+            if time.monotonic() - applied > 600:
+                raise TimeoutError(f"{arm}: not every model has conditions after 600 s")
+            time.sleep(0.5)
+        converge = time.monotonic() - applied
+        time.sleep(10)   # let the creation burst drain before the settled window
+        t0, cpu0, req0 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
+        time.sleep(settle)
+        t1, cpu1, req1 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
+        rss = rss_mib(proc.pid)
+        own = audited_requests(Path(cp.state_dir) / "audit.log", t0, t1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    for m in custom.list_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels")["items"]:
+        custom.patch_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels",
+                                              m["metadata"]["name"], {"metadata": {"finalizers": None}})
+    core.delete_namespace(ns)
+    minutes = (t1 - t0) / 60
+    return {"converge_seconds": converge, "settle_seconds": t1 - t0, "cpu_fraction": (cpu1 - cpu0) / (t1 - t0),
+            "rss_mib": rss, "operator_requests": own, "requests_per_model_minute": own / models / minutes,
+            "apiserver_requests_total_delta": req1 - req0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--models", type=int, default=300)
+    ap.add_argument("--settle", type=float, default=300.0, help="settled window per sample, seconds")
+    ap.add_argument("--out", type=Path, default=HERE, help="where raw.json and summary.json go")
+    args = ap.parse_args(argv)
+
+    from localcluster.controlplane import ControlPlane
+
+    work = Path(tempfile.mkdtemp(prefix="resident-exp10-"))
+    policy = work / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    state = work / "cp"
+    flags = [f"--audit-policy-file={policy}", f"--audit-log-path={state / 'audit.log'}",
+             "--audit-log-maxsize=2000"]
+    machine_before = benchkit.machine()
+    with ControlPlane(state_dir=state, extra_apiserver_flags=flags,
+                      extra_users={USER: "system:masters"}) as cp:
+        cp.install_crds()
+        counter = iter(range(1000))
+        samples = benchkit.run_rounds(args.rounds, {
+            arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter)))
+            for arm in ARMS})
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    raw = {"config": {"rounds": args.rounds, "models": args.models, "settle_seconds": args.settle,
+                      "poll_commit": POLL_COMMIT},
+           "machine": {"before": machine_before, "after": benchkit.machine()}, "samples": samples}
+    summary = recompute(raw)
+    args.out.mkdir(parents=True, exist_ok=True)
+    benchkit.write(args.out, raw, summary)
+    for m in METRICS:
+        arms = summary[m]["arms"]
+        print(f"{m:<28} poll {arms['poll']['median']:10.3f}  event {arms['event']['median']:10.3f}  "
+              f"ratio {summary[m]['ratios']['poll_over_event']:8.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
