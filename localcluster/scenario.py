@@ -55,10 +55,12 @@ def make_bundles(work: Path, size_bytes: int) -> tuple[Revisions, dict[str, Path
 
 
 class BundleServer:
-    """``python -m bundle.sources.httpserve`` on 127.0.0.1, stopped by PID."""
+    """``python -m bundle.sources.httpserve`` on 127.0.0.1, stopped by PID. With ``rate``
+    (bytes per second) it is a slow source: the fault tests use one so that a transition
+    lasts long enough to be interrupted."""
 
-    def __init__(self, root: Path, log_dir: Path):
-        self.root, self.port = root, free_port()
+    def __init__(self, root: Path, log_dir: Path, rate: float | None = None):
+        self.root, self.port, self.rate = root, free_port(), rate
         self.processes = ProcessGroup(log_dir)
 
     @property
@@ -66,8 +68,10 @@ class BundleServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> "BundleServer":
-        self.processes.start("bundle-server", [sys.executable, "-m", "bundle.sources.httpserve",
-                                               "--root", str(self.root), "--port", str(self.port)])
+        rate = ["--rate", str(self.rate)] if self.rate else []
+        self.processes.start(f"bundle-server-{self.port}", [
+            sys.executable, "-m", "bundle.sources.httpserve", "--root", str(self.root),
+            "--port", str(self.port), *rate])
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             self.processes.check_alive()

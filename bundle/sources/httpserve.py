@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -99,14 +100,20 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
                 self.send_body(f, length)
 
     def send_body(self, f, length: int) -> None:
-        """Copy ``length`` bytes of ``f`` to the client (tests override this to misbehave)."""
+        """Copy ``length`` bytes of ``f`` to the client (tests override this to misbehave),
+        no faster than the server's ``rate`` (bytes per second) when it has one."""
+        rate, start, sent = self.server.rate, time.monotonic(), 0
+        step = min(COPY_BLOCK, max(4096, int(rate / 20))) if rate else COPY_BLOCK
         while length > 0:
-            block = f.read(min(COPY_BLOCK, length))
+            block = f.read(min(step, length))
             if not block:
                 break
+            if rate:   # this block leaves when the ones before it have had their time
+                time.sleep(max(0.0, start + sent / rate - time.monotonic()))
             self.wfile.write(block)
             SERVED_BYTES.inc(len(block))
             length -= len(block)
+            sent += len(block)
 
     def do_PUT(self) -> None:
         found = self._object()
@@ -182,9 +189,11 @@ class BundleServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, root: Path | str, host: str = "127.0.0.1", port: int = 0,
-                 handler: type[BundleRequestHandler] = BundleRequestHandler, read_only: bool = False):
+                 handler: type[BundleRequestHandler] = BundleRequestHandler, read_only: bool = False,
+                 rate: float | None = None):
         self.root = Path(root)
         self.read_only = read_only
+        self.rate = rate
         super().__init__((host, port), handler)
 
     @property
@@ -202,10 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     ap.add_argument("--port", type=int, default=8700, help="TCP port (default 8700; 0 picks a free one)")
     ap.add_argument("--read-only", action="store_true", help="refuse PUT")
+    ap.add_argument("--rate", type=float, default=None, metavar="BYTES_PER_SECOND",
+                    help="send content no faster than this (a slow source for tests and demos)")
     args = ap.parse_args(argv)
     jsonlog.configure()
     args.root.mkdir(parents=True, exist_ok=True)
-    server = BundleServer(args.root, args.host, args.port, read_only=args.read_only)
+    server = BundleServer(args.root, args.host, args.port, read_only=args.read_only, rate=args.rate)
     log.info("serving", extra={"url": server.url, "root": str(args.root), "read_only": args.read_only})
     print(server.url, flush=True)
     try:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -341,3 +342,25 @@ def test_the_store_materializes_only_verified_bytes_from_an_http_source(server, 
     assert res.verified and store.has_revision(m.digest)
     for f in m.files:
         assert (res.path / f.path).read_bytes() == (bundle_dir / f.path).read_bytes()
+
+
+def test_a_rate_limited_server_sends_no_faster_than_its_rate(tmp_path):
+    """--rate makes a slow source for tests and demos: 1 MiB at 4 MiB/s takes >= 0.25 s
+    and arrives whole."""
+    data = os.urandom(1 << 20)
+    root = tmp_path / "root"
+    digest = hashlib.sha256(data).hexdigest()
+    (root / "blobs").mkdir(parents=True)
+    (root / "blobs" / f"sha256-{digest}").write_bytes(data)
+    srv = BundleServer(root, rate=4 << 20)
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        got = requests.get(f"{srv.url}/blobs/sha256-{digest}", timeout=30).content
+        took = time.monotonic() - t0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+    assert got == data and took >= 0.25
