@@ -213,11 +213,12 @@ def transition_row(label: str, last: dict) -> list[str]:
     return [label, str(last.get("path")), str(last.get("method")), str(last.get("strategy")),
             mib(b.get("fetched")), mib(b.get("reused")), mib(b.get("written")),
             sec(d.get("deliverSeconds")), sec(d.get("applySeconds")),
-            sec(d.get("firstTokenSeconds")), sec(d.get("totalSeconds")), str(last.get("result"))]
+            sec(d.get("firstTokenSeconds")), sec(d.get("overheadSeconds")), sec(d.get("totalSeconds")),
+            str(last.get("result"))]
 
 
 TABLE_HEADER = ["transition", "path", "method", "strategy", "fetched MiB", "reused MiB",
-                "written MiB", "deliver s", "apply s", "1st token s", "total s", "result"]
+                "written MiB", "deliver s", "apply s", "1st token s", "operator s", "total s", "result"]
 
 
 def format_table(rows: list[list[str]]) -> str:

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from bundle.demo import make_revision
 from bundle.scan import read_manifest
 from localcluster.install import install
 from localcluster.node import LocalCluster
-from localcluster.scenario import (BundleServer, Story, make_bundles, model_body, node_state,
+from localcluster.scenario import (CHUNK, BundleServer, Story, make_bundles, model_body, node_state,
                                   whole_bundle_reload)
 
 SIZE = 16 * 2**20
@@ -33,6 +34,25 @@ def world(tmp_path_factory):
             server.push(d)
         installation = install(cluster)
         yield cluster, server, revs, installation, dirs
+
+
+@pytest.fixture(scope="module")
+def slow_url(world, tmp_path_factory):
+    """The same bundles from a source that sends 256 KiB/s, so that a transition to a revision
+    the node does not hold yet lasts long enough for a fault test to interrupt it (the
+    operator itself takes well under 1 s)."""
+    server = world[1]
+    with BundleServer(server.root, tmp_path_factory.mktemp("slow-logs"), rate=256 << 10) as slow:
+        yield slow.url
+
+
+def _fresh_revision(world, base: str, kind: str, seed: int) -> str:
+    """A new revision of ``kind`` derived from revision ``base``, pushed: not on the node yet."""
+    server, dirs = world[1], world[4]
+    target = dirs[base].parent / f"fresh-{seed}"
+    digest = make_revision(dirs[base], target, kind, fraction=0.005, seed=seed, chunk_size=CHUNK).digest
+    server.push(target)
+    return digest
 
 
 def _story(world, namespace: str, name: str = "story") -> Story:
@@ -164,30 +184,31 @@ def _wait_transition_started(story: Story, timeout: float = 60.0) -> None:
     story.wait("transitioning", lambda rm: bool(rm.get("status", {}).get("transition")), timeout)
 
 
-def test_operator_restarted_mid_transition_resumes_without_duplicates(world):
+def test_operator_restarted_mid_transition_resumes_without_duplicates(world, slow_url):
     cluster, server, revs, installation, _ = world
     story = _ready(world, "e2e-restart", revs.b)
     owner_uid = _owner_pod(story).metadata.uid
-    story.patch_spec({"bundle": {"source": server.url, "digest": revs.c}})
+    fresh = _fresh_revision(world, "b", "rows", seed=41)
+    story.patch_spec({"bundle": {"source": slow_url, "digest": fresh}})
     _wait_transition_started(story)
     operators = story.core.list_namespaced_pod(installation.namespace,
                                                label_selector="app.kubernetes.io/component=operator").items
     assert len(operators) == 1
     story.core.delete_namespaced_pod(operators[0].metadata.name, installation.namespace, grace_period_seconds=0)
-    last = story.transition({"bundle": {"source": server.url, "digest": revs.c}}, timeout=300)
+    last = story.transition({"bundle": {"source": slow_url, "digest": fresh}}, timeout=300)
     assert last["result"] == "succeeded"
     assert _owner_pod(story).metadata.uid == owner_uid
     deliveries = story.custom.list_namespaced_custom_object("resident.dev", "v1alpha1", story.namespace,
                                                             "bundledeliveries")["items"]
-    assert [d["spec"]["bundle"]["digest"] for d in deliveries] == [revs.c]
+    assert [d["spec"]["bundle"]["digest"] for d in deliveries] == [fresh]
     story.delete_and_wait_gone()
     _assert_nothing_left(story)
 
 
-def test_model_deleted_while_transitioning_is_cleaned_up(world):
+def test_model_deleted_while_transitioning_is_cleaned_up(world, slow_url):
     cluster, server, revs, _, _ = world
     story = _ready(world, "e2e-delete", revs.c)
-    story.patch_spec(whole_bundle_reload(server.url, revs.d))
+    story.patch_spec(whole_bundle_reload(slow_url, _fresh_revision(world, "c", "rows", seed=42)))
     _wait_transition_started(story)
     story.delete_and_wait_gone()
     _assert_nothing_left(story)
@@ -219,10 +240,11 @@ def _settled(rm: dict) -> bool:
     return not status.get("transition") and status.get("phase") in ("Ready", "Degraded")
 
 
-def test_owner_killed_mid_in_place_transition_ends_on_one_identity(world):
+def test_owner_killed_mid_in_place_transition_ends_on_one_identity(world, slow_url):
     cluster, server, revs, _, _ = world
     story = _ready(world, "e2e-owner-kill", revs.b)
-    story.patch_spec({"bundle": {"source": server.url, "digest": revs.c}})
+    fresh = _fresh_revision(world, "b", "rows", seed=43)
+    story.patch_spec({"bundle": {"source": slow_url, "digest": fresh}})
     _wait_transition_started(story)
     pids = _owner_pids()
     assert len(pids) == 1
@@ -230,7 +252,7 @@ def test_owner_killed_mid_in_place_transition_ends_on_one_identity(world):
     # kubelet restarts the container; the operator retries, replaces or reports Degraded
     rm = story.wait("settled after the owner was killed", _settled, timeout=300)
     status = rm["status"]
-    assert status["identity"]["bundle"] in (revs.b, revs.c)
+    assert status["identity"]["bundle"] in (revs.b, fresh)
     if status["phase"] == "Ready":
         served = story.generate("hello", max_tokens=4)["identity"]
         assert served["bundle"] == status["identity"]["bundle"]  # never a mix
