@@ -198,3 +198,20 @@ def test_rollout_of_five_owners_never_exceeds_max_unavailable():
             break
     assert outcome(t) == "succeeded" and set(on.values()) == {B}
     assert max(seen_active) == 2 and all(n <= 2 for n in seen_active)
+
+
+def test_overhead_is_what_neither_the_bridge_nor_the_owner_reports():
+    """overheadSeconds = total - (the bridge's staging + the owner's own transition)."""
+    t = state()
+    p = step(t, t.owners[0], healthy()).progress.model_copy(update={"delivery": "bd"})
+    p = step(t, p, healthy(delivery=DeliveryObservation(phase="Staged", verified=True, method="rebase",
+                                                        duration_seconds=0.30)), now=101.4).progress
+    p = step(t, p.model_copy(update={"owner_transition": "ot1"}),
+             healthy(owner_transition={"result": "succeeded", "timings": {"totalSeconds": 0.25,
+                                                                         "firstTokenSeconds": 0.1}}),
+             now=101.7).progress
+    assert (p.staging_seconds, p.owner_seconds) == (0.30, 0.25)
+    t.owners[0] = p.model_copy(update={"step": Step.done, "finished_at": 101.8})
+    d = summarize(t, now=101.0 + 0.8)["durations"]     # planned at 100.0: total 1.8 s
+    assert (d["stagingSeconds"], d["ownerSeconds"], d["totalSeconds"]) == (0.3, 0.25, 1.8)
+    assert d["overheadSeconds"] == 1.25
