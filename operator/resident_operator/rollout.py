@@ -19,17 +19,14 @@ from bundle.errors import BundleError, PlanError
 from bundle.manifest import ManifestError
 from bundle.sources import open_source
 
-from . import children as ch
-from . import metrics, naming
-from .context import ModelContext, log
-from .delivery import build_bundle_delivery, observe_delivery
+from . import metrics
+from .context import ModelContext
 from .model_state import ModelState
 from .observe import Blocker, OwnerView
-from .owner_client import OwnerClient, OwnerUnreachable
-from .owners import create_child, create_owner_pod, owner_address
+from .owner_step import observe_owner, perform
 from .planning import InPlaceImpossible, plan_transition
 from .spec import ModelSpec
-from .transition import (Action, OwnerObservation, OwnerProgress, Step, TransitionState, advance,
+from .transition import (OwnerProgress, Step, TransitionState, advance,
                          outcome, owners_to_start)
 from .transition_summary import summarize
 
@@ -75,101 +72,6 @@ def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
     return None
 
 
-def _observe(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: OwnerProgress,
-             view: OwnerView | None, deliveries: dict[str, dict[str, Any]]) -> OwnerObservation:
-    exists = view is not None and view.uid == p.pod_uid and not view.terminating
-    obs: dict[str, Any] = {"pod_exists": exists}
-    if exists:
-        obs.update(pod_uid=view.uid, node=view.node, running=view.running, ready=view.ready,
-                   state=view.state, identity_bundle=view.identity.get("bundle"))
-    if p.step == Step.delivering and p.delivery:
-        obs["delivery"] = observe_delivery(deliveries.get(p.delivery))
-    if p.step == Step.applying and p.owner_transition and exists:
-        client = OwnerClient(owner_address(ctx, {"status": {"podIP": view.pod_ip}}),
-                             spec.runtime.port, ctx.token, ctx.settings.owner_timeout_seconds)
-        try:
-            obs["owner_transition"] = client.transition(p.owner_transition)
-        except OwnerUnreachable as e:
-            obs["state"] = None  # unreachable: the step waits (until the timeout)
-            log.info("owner unreachable while applying", extra={"model": f"{ctx.namespace}/{ctx.name}",
-                                                                "error": str(e)})
-        # the driver waits on the owner and wakes the model when it answers
-        if (obs.get("owner_transition") or {}).get("result", "running") == "running":
-            ctx.follow_up.owner_waits.append(client.wait(p.owner_transition))
-    return OwnerObservation(**obs)
-
-
-def _release(ctx: ModelContext, state: ModelState, deliveries: dict[str, dict[str, Any]],
-             slot: int, keep_revision: str | None, only_revision: str | None = None) -> list[str]:
-    """Delete recorded deliveries of ``slot`` (all but ``keep_revision``, or only one)."""
-    released = []
-    for name, bd in deliveries.items():
-        labels = bd["metadata"].get("labels") or {}
-        rev = labels.get(naming.LABEL_REVISION)
-        if labels.get(naming.LABEL_SLOT) != str(slot) or not ch.is_recorded(state.children, bd):
-            continue
-        if keep_revision is not None and rev == naming.revision_label(keep_revision):
-            continue
-        if only_revision is not None and rev != naming.revision_label(only_revision):
-            continue
-        if bd["metadata"].get("deletionTimestamp"):
-            continue
-        if ctx.kube.delete(ctx.namespace, "BundleDelivery", name, bd["metadata"]["uid"]) == "deleted":
-            released.append(name)
-    return released
-
-
-def _perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState,
-             p: OwnerProgress, action: Action, view: OwnerView | None,
-             deliveries: dict[str, dict[str, Any]]) -> OwnerProgress:
-    inc = int(view.incarnation) if view else state.incarnation(p.slot)
-    if action == Action.create_delivery:
-        donor = (view.identity.get("bundle") if view else "") or t.from_digest
-        bd = build_bundle_delivery(ctx.name, ctx.uid, spec, slot=p.slot, incarnation=inc,
-                                   pod_name=p.pod, pod_uid=p.pod_uid, node_name=p.node,
-                                   target_digest=t.to, target_source=t.to_source, path=t.path,
-                                   donor_digest=donor)
-        got = create_child(ctx, state, bd)
-        if got is None:
-            raise RuntimeError(f"BundleDelivery {bd['metadata']['name']} is taken by another object")
-        if got["metadata"].get("deletionTimestamp"):
-            return p  # an earlier delivery of this name is still being released: next pass
-        deliveries[got["metadata"]["name"]] = got
-        ctx.event("DeliveryCreated", f"BundleDelivery {got['metadata']['name']}: stage {t.to[:19]} "
-                                     f"into {p.pod} on {p.node} ({t.path})")
-        return p.model_copy(update={"delivery": got["metadata"]["name"]})
-    if action == Action.start_owner_transition:
-        if view is None or not view.state == "ready":
-            return p
-        client = OwnerClient(owner_address(ctx, {"status": {"podIP": view.pod_ip}}),
-                             spec.runtime.port, ctx.token, ctx.settings.owner_timeout_seconds)
-        answer = client.start_transition(t.to, t.path, spec.transition.strategy)
-        tid = str(answer.get("id") or "")
-        ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {tid} to "
-                                            f"{t.to[:19]} ({spec.transition.strategy})")
-        ctx.follow_up.owner_waits.append(client.wait(tid))
-        return p.model_copy(update={"owner_transition": tid})
-    if action == Action.release_old_deliveries:
-        for name in _release(ctx, state, deliveries, p.slot, keep_revision=t.to):
-            ctx.event("OldRevisionReleased", f"deleted BundleDelivery {name} of {p.pod}: "
-                                             "its revision is no longer used")
-        return p
-    if action == Action.release_target_delivery:
-        _release(ctx, state, deliveries, p.slot, keep_revision=None, only_revision=t.to)
-        return p
-    if action == Action.replace_owner:
-        if view is not None and view.uid == p.pod_uid and not view.terminating:
-            ctx.kube.delete(ctx.namespace, "Pod", view.pod, view.uid)
-        _release(ctx, state, deliveries, p.slot, keep_revision=None)
-        pod = create_owner_pod(ctx, state, spec, p.slot, t.to, t.to_source, new_incarnation=True)
-        meta = pod["metadata"]
-        ctx.event("OwnerReplaced", f"replaced owner {p.pod} with {meta['name']} on {t.to[:19]}: "
-                                   f"{p.message}", warning=True)
-        return p.model_copy(update={"replaced": True, "pod": meta["name"], "pod_uid": meta["uid"],
-                                    "node": ""})
-    raise AssertionError(action)
-
-
 STEP_EVENTS = {Step.applying: ("DeliveryStaged", "staged {to} into {pod}"),
                Step.verifying: ("OwnerTransitionApplied", "owner {pod} applied {to}"),
                Step.releasing: ("IdentityVerified", "owner {pod} reports identity {to}"),
@@ -205,28 +107,41 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
     deliveries = {bd["metadata"]["name"]: bd
                   for bd in ctx.kube.list(ctx.namespace, "BundleDelivery", ctx.selector)}
     startable = set(owners_to_start(t, spec.transition.max_unavailable))
-    now = ctx.clock()
     for i, p in enumerate(list(t.owners)):
         if p.step == Step.waiting and p.slot not in startable:
             continue
-        view = by_slot.get(p.slot)
-        obs = _observe(ctx, spec, t, p, view, deliveries)
-        decision = advance(t, p, obs, now=now, timeout_seconds=spec.transition.timeout_seconds)
-        new = decision.progress
-        for action in decision.actions:
-            new = _perform(ctx, state, spec, t, new, action, view, deliveries)
-        if new != p:
-            t.owners[i] = new
-            state.save_transition()
-            if new.step != p.step:
-                _announce(ctx, t, new)
-                ctx.follow_up.again = True   # the next step may be possible now
-        _schedule_recheck(ctx, spec, new, now)
+        _step_owner(ctx, state, spec, t, i, by_slot.get(p.slot), deliveries)
     result = outcome(t)
     if result != "running":
         _finish(ctx, state, t, result)
         ctx.follow_up.again = True   # a queued transition may start
     return None
+
+
+def _step_owner(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState, i: int,
+                view: OwnerView | None, deliveries: dict[str, dict[str, Any]]) -> None:
+    """Advance owner ``t.owners[i]`` as far as it goes now: a step whose next observation
+    needs no event (an owner that just answered is asked for its identity at once, a
+    release is done at once) follows in the same pass. Each change is saved first."""
+    p = t.owners[i]
+    for _ in range(len(Step)):
+        obs = observe_owner(ctx, spec, t, p, view, deliveries)
+        decision = advance(t, p, obs, now=ctx.clock(), timeout_seconds=spec.transition.timeout_seconds)
+        new = decision.progress
+        for action in decision.actions:
+            new = perform(ctx, state, spec, t, new, action, view, deliveries)
+        if new == p:
+            break
+        t.owners[i] = new
+        state.save_transition()
+        moved = new.step != p.step
+        p = new
+        if moved:
+            _announce(ctx, t, p)
+        if not moved or p.step in (Step.done, Step.failed, Step.replacing):
+            ctx.follow_up.again = moved   # another owner may start now
+            break
+    _schedule_recheck(ctx, spec, p, ctx.clock())
 
 
 def _schedule_recheck(ctx: ModelContext, spec: ModelSpec, p: OwnerProgress, now: float) -> None:

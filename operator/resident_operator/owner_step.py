@@ -1,0 +1,134 @@
+"""One owner in a transition: what is observed of it, and what is done to it.
+
+:func:`observe_owner` gathers what the pure state machine (``transition.advance``) needs
+about one owner: its Pod (as seen at the start of the pass), its BundleDelivery, its
+owner transition, and, once that transition has ended or the step is Verifying, the
+owner's state and identity *now*. :func:`perform` carries out one action the machine
+returned: create the delivery, start the owner's transition (and ask the driver to wait
+on it), release deliveries by UID, or replace the owner with a new Pod.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import children as ch
+from . import naming
+from .context import ModelContext, log
+from .delivery import build_bundle_delivery, observe_delivery
+from .model_state import ModelState
+from .observe import OwnerView
+from .owner_client import OwnerClient, OwnerUnreachable
+from .owners import create_child, create_owner_pod, owner_address
+from .spec import ModelSpec
+from .transition import Action, OwnerObservation, OwnerProgress, Step, TransitionState
+
+
+def _client(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> OwnerClient:
+    return OwnerClient(owner_address(ctx, {"status": {"podIP": view.pod_ip}}), spec.runtime.port,
+                       ctx.token, ctx.settings.owner_timeout_seconds)
+
+
+def _owner_now(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> dict[str, Any]:
+    """The owner's state and bundle as it answers now (state None if it does not answer)."""
+    try:
+        answer = _client(ctx, spec, view).identity()
+    except OwnerUnreachable:
+        return {"state": None}
+    return {"state": answer.get("state"), "identity_bundle": (answer.get("identity") or {}).get("bundle")}
+
+
+def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: OwnerProgress,
+             view: OwnerView | None, deliveries: dict[str, dict[str, Any]]) -> OwnerObservation:
+    exists = view is not None and view.uid == p.pod_uid and not view.terminating
+    obs: dict[str, Any] = {"pod_exists": exists}
+    if exists:
+        obs.update(pod_uid=view.uid, node=view.node, running=view.running, ready=view.ready,
+                   state=view.state, identity_bundle=view.identity.get("bundle"))
+    if p.step == Step.delivering and p.delivery:
+        obs["delivery"] = observe_delivery(deliveries.get(p.delivery))
+    if p.step == Step.applying and p.owner_transition and exists:
+        client = _client(ctx, spec, view)
+        try:
+            obs["owner_transition"] = client.transition(p.owner_transition)
+        except OwnerUnreachable as e:
+            obs["state"] = None  # unreachable: the step waits (until the timeout)
+            log.info("owner unreachable while applying", extra={"model": f"{ctx.namespace}/{ctx.name}",
+                                                                "error": str(e)})
+        # the driver waits on the owner and wakes the model when it answers
+        if (obs.get("owner_transition") or {}).get("result", "running") == "running":
+            ctx.follow_up.owner_waits.append(client.wait(p.owner_transition))
+    finished = (obs.get("owner_transition") or {}).get("result", "running") != "running"
+    if exists and (p.step == Step.verifying or finished):
+        obs.update(_owner_now(ctx, spec, view))   # not as seen at the start of the pass
+    return OwnerObservation(**obs)
+
+
+def release_deliveries(ctx: ModelContext, state: ModelState, deliveries: dict[str, dict[str, Any]],
+             slot: int, keep_revision: str | None, only_revision: str | None = None) -> list[str]:
+    """Delete recorded deliveries of ``slot`` (all but ``keep_revision``, or only one)."""
+    released = []
+    for name, bd in deliveries.items():
+        labels = bd["metadata"].get("labels") or {}
+        rev = labels.get(naming.LABEL_REVISION)
+        if labels.get(naming.LABEL_SLOT) != str(slot) or not ch.is_recorded(state.children, bd):
+            continue
+        if keep_revision is not None and rev == naming.revision_label(keep_revision):
+            continue
+        if only_revision is not None and rev != naming.revision_label(only_revision):
+            continue
+        if bd["metadata"].get("deletionTimestamp"):
+            continue
+        if ctx.kube.delete(ctx.namespace, "BundleDelivery", name, bd["metadata"]["uid"]) == "deleted":
+            released.append(name)
+    return released
+
+
+def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState,
+             p: OwnerProgress, action: Action, view: OwnerView | None,
+             deliveries: dict[str, dict[str, Any]]) -> OwnerProgress:
+    inc = int(view.incarnation) if view else state.incarnation(p.slot)
+    if action == Action.create_delivery:
+        donor = (view.identity.get("bundle") if view else "") or t.from_digest
+        bd = build_bundle_delivery(ctx.name, ctx.uid, spec, slot=p.slot, incarnation=inc,
+                                   pod_name=p.pod, pod_uid=p.pod_uid, node_name=p.node,
+                                   target_digest=t.to, target_source=t.to_source, path=t.path,
+                                   donor_digest=donor)
+        got = create_child(ctx, state, bd)
+        if got is None:
+            raise RuntimeError(f"BundleDelivery {bd['metadata']['name']} is taken by another object")
+        if got["metadata"].get("deletionTimestamp"):
+            return p  # an earlier delivery of this name is still being released: next pass
+        deliveries[got["metadata"]["name"]] = got
+        ctx.event("DeliveryCreated", f"BundleDelivery {got['metadata']['name']}: stage {t.to[:19]} "
+                                     f"into {p.pod} on {p.node} ({t.path})")
+        return p.model_copy(update={"delivery": got["metadata"]["name"]})
+    if action == Action.start_owner_transition:
+        if view is None or not view.state == "ready":
+            return p
+        client = _client(ctx, spec, view)
+        answer = client.start_transition(t.to, t.path, spec.transition.strategy)
+        tid = str(answer.get("id") or "")
+        ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {tid} to "
+                                            f"{t.to[:19]} ({spec.transition.strategy})")
+        ctx.follow_up.owner_waits.append(client.wait(tid))
+        return p.model_copy(update={"owner_transition": tid})
+    if action == Action.release_old_deliveries:
+        for name in release_deliveries(ctx, state, deliveries, p.slot, keep_revision=t.to):
+            ctx.event("OldRevisionReleased", f"deleted BundleDelivery {name} of {p.pod}: "
+                                             "its revision is no longer used")
+        return p
+    if action == Action.release_target_delivery:
+        release_deliveries(ctx, state, deliveries, p.slot, keep_revision=None, only_revision=t.to)
+        return p
+    if action == Action.replace_owner:
+        if view is not None and view.uid == p.pod_uid and not view.terminating:
+            ctx.kube.delete(ctx.namespace, "Pod", view.pod, view.uid)
+        release_deliveries(ctx, state, deliveries, p.slot, keep_revision=None)
+        pod = create_owner_pod(ctx, state, spec, p.slot, t.to, t.to_source, new_incarnation=True)
+        meta = pod["metadata"]
+        ctx.event("OwnerReplaced", f"replaced owner {p.pod} with {meta['name']} on {t.to[:19]}: "
+                                   f"{p.message}", warning=True)
+        return p.model_copy(update={"replaced": True, "pod": meta["name"], "pod_uid": meta["uid"],
+                                    "node": ""})
+    raise AssertionError(action)
