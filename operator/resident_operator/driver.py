@@ -49,10 +49,15 @@ class ModelHandle:
         self.waiters: dict[str, asyncio.Task] = {}
         self.recorded: set[str] = set()
         self.generation: Any = None
+        self.known: dict[str, Any] = {}   # what passes may reuse (the token); see passes.run_pass
 
     def poke(self, cause: str) -> None:
-        """Ask for a pass (call on the operator's event loop: asyncio.Event is not thread-safe)."""
+        """Ask for a pass (call on the operator's event loop: asyncio.Event is not thread-safe).
+        A change of the token Secret also makes the next pass read the token again."""
         metrics.WAKES.labels(cause=cause).inc()
+        if cause == "secret":
+            self.known["epoch"] = self.known.get("epoch", 0) + 1
+            self.known.pop("token", None)
         self.wake.set()
 
 

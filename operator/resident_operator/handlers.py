@@ -183,7 +183,8 @@ async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: s
     if rt.sweeper is None:   # started here, in a context where kopf.event() works
         rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="orphan sweep")
     handle = _handle(memo, namespace, name, uid)
-    one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock)
+    one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock,
+                                 handle.known)
     await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 import kopf
 
 from . import metrics, naming
@@ -42,8 +43,11 @@ def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: 
 
 
 def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, uid: str,
-             lock: threading.Lock) -> FollowUp | None:
-    """One pass; None when the model is gone (or replaced by another of the same name)."""
+             lock: threading.Lock, known: dict[str, Any]) -> FollowUp | None:
+    """One pass; None when the model is gone (or replaced by another of the same name).
+
+    ``known`` carries the owners' token from pass to pass (the driver forgets it when the
+    token Secret changes), so a pass does not read the Secret again."""
     t0 = time.perf_counter()
     with lock:
         try:
@@ -54,7 +58,10 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
             return FollowUp(due=ERROR_RETRY_SECONDS)
         if ctx is None or ctx.uid != uid:
             return None
+        ctx.token, epoch = known.get("token", ""), known.get("epoch")
         _reconcile(ctx)
+        if known.get("epoch") == epoch:    # the Secret did not change meanwhile
+            known["token"] = ctx.token
     metrics.PASS_SECONDS.observe(time.perf_counter() - t0)
     return ctx.follow_up
 

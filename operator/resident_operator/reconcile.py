@@ -50,7 +50,7 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
                                   blocker=None, desired_digest=""))
         return INVALID, "; ".join(problems)
     assert spec is not None
-    ctx.token = ensure_token(ctx, state)
+    ctx.token = ctx.token or ensure_token(ctx, state)   # known from an earlier pass, else read
     if not state.bundle:
         state.commit_bundle(spec.bundle.digest, spec.bundle.source)
     t = state.transition

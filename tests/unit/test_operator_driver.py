@@ -102,3 +102,28 @@ def test_a_gone_model_ends_the_driver():
             await asyncio.wait_for(drive(ModelHandle("ns", "m", "u"), Stopped(), lambda: None,
                                          pool, None, 300), 2)
     asyncio.run(scenario())
+
+
+def test_a_token_secret_change_makes_the_next_pass_read_the_token_again(monkeypatch):
+    from resident_operator import passes
+
+    async def pokes():
+        handle = ModelHandle("ns", "m", "uid")
+        handle.known.update(token="old")
+        handle.poke("pod")
+        assert handle.known["token"] == "old"          # other children keep what is known
+        handle.poke("secret")
+        assert "token" not in handle.known
+
+    asyncio.run(pokes())
+
+    # a pass that ran across a Secret change does not store the token it started with
+    known = {"token": "old"}
+    model = type("Ctx", (), {"uid": "uid", "token": "", "follow_up": FollowUp()})()
+    monkeypatch.setattr(passes, "model_context", lambda *a: model)
+    monkeypatch.setattr(passes, "_reconcile", lambda ctx: (known.update(epoch=1), known.pop("token")))
+    passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), known)
+    assert model.token == "old" and "token" not in known     # used, but not stored again
+    monkeypatch.setattr(passes, "_reconcile", lambda ctx: setattr(ctx, "token", "new"))
+    passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), known)
+    assert known["token"] == "new"
