@@ -122,8 +122,10 @@ def _step_owner(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transi
                 view: OwnerView | None, deliveries: dict[str, dict[str, Any]]) -> None:
     """Advance owner ``t.owners[i]`` as far as it goes now: a step whose next observation
     needs no event (an owner that just answered is asked for its identity at once, a
-    release is done at once) follows in the same pass. Each change is saved first."""
-    p = t.owners[i]
+    release is done at once) follows in the same pass. Progress is saved right after an
+    action with side effects (a delivery created, an owner transition started, an owner
+    replaced, deliveries released) and at the end; a step without one is saved with the next."""
+    p = saved = t.owners[i]
     for _ in range(len(Step)):
         obs = observe_owner(ctx, spec, t, p, view, deliveries)
         decision = advance(t, p, obs, now=ctx.clock(), timeout_seconds=spec.transition.timeout_seconds)
@@ -133,14 +135,18 @@ def _step_owner(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transi
         if new == p:
             break
         t.owners[i] = new
-        state.save_transition()
+        if decision.actions:
+            state.save_transition()
+            saved = new
         moved = new.step != p.step
         p = new
         if moved:
             _announce(ctx, t, p)
         if not moved or p.step in (Step.done, Step.failed, Step.replacing):
-            ctx.follow_up.again = moved   # another owner may start now
+            ctx.follow_up.again = ctx.follow_up.again or moved   # another owner may start now
             break
+    if p != saved:
+        state.save_transition()
     _schedule_recheck(ctx, spec, p, ctx.clock())
 
 
