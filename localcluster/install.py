@@ -68,7 +68,7 @@ class Installation:
 
 
 def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
-            timeout: float = 240.0) -> Installation:
+            timeout: float = 240.0, bridge_root: Path | None = None) -> Installation:
     from charts.helmenv import Helm
 
     image, tarball = project_image()
@@ -81,8 +81,9 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
         if e.status != 409:
             raise
     helm = Helm(kubeconfig=cluster.kubeconfig, namespace=namespace, timeout=timeout)
-    # a store of this cluster's own, so every run delivers from scratch; it goes with the cluster
-    bridge_root = cluster.state_dir / "bridge"
+    # a store of this cluster's own, so every run delivers from scratch; it goes with the
+    # cluster (a caller may give another directory, e.g. an XFS mount for reflink)
+    bridge_root = bridge_root or cluster.state_dir / "bridge"
     helm.install(release, values=local_values(image, cluster.port, bridge_root))
     cluster.wait_established(CRDS)
     wait_ready(cluster, namespace, timeout)

@@ -29,6 +29,7 @@ results go to ``<size>mib/raw.json`` and ``summary.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -116,11 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size-mib", type=int, default=64)
     ap.add_argument("--lag-trials", type=int, default=10)
+    ap.add_argument("--store-fs", choices=("root", "xfs"), default="root",
+                    help="the bridge's node store: on the root filesystem, or on an XFS loop "
+                         "filesystem with reflink (sized for the run, removed at the end)")
     ap.add_argument("--out", type=Path, default=None, help="default: <size>mib/ next to this script")
     args = ap.parse_args(argv)
-    out = args.out or HERE / f"{args.size_mib}mib"
+    out = args.out or HERE / (f"{args.size_mib}mib" + ("-xfs" if args.store_fs == "xfs" else ""))
 
     from bundle.demo import make_revision
+    from bundle.loopfs import loop_filesystem
     from localcluster.install import install
     from localcluster.node import LocalCluster
     from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
@@ -130,9 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     revs, dirs = make_bundles(work, args.size_mib * 2**20)
     for k in "bcd":
         shutil.rmtree(dirs[k])     # only A is used: every arm derives its own revision
-    with LocalCluster() as cluster, BundleServer(work / "served", work / "logs") as server:
+    store_size = (8 * args.rounds + 4) * args.size_mib * 2**20   # reconstructs write whole revisions
+    with contextlib.ExitStack() as stack:
+        store = (stack.enter_context(loop_filesystem("xfs", store_size)) if args.store_fs == "xfs"
+                 else None)
+        cluster = stack.enter_context(LocalCluster())
+        server = stack.enter_context(BundleServer(work / "served", work / "logs"))
         server.push(dirs["a"])
-        installation = install(cluster)
+        installation = install(cluster, bridge_root=store)
         cluster.kubectl("create", "namespace", "bench")
         cluster.wait_for_service_account("bench")
         story = Story(cluster, "bench", "bench", installation.bridge_root)
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         lags = status_lag(story, args.lag_trials)
     shutil.rmtree(work, ignore_errors=True)
     raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "chunk_bytes": CHUNK,
+                      "store_fs": args.store_fs,
                       "arms": {k: list(v[:1]) + [v[1], v[2]] for k, v in ARMS.items()}},
            "machine": {"before": machine_before, "after": benchkit.machine()},
            "samples": samples, "status_lag_seconds": lags}
