@@ -7,7 +7,7 @@ import pytest
 
 from resident_operator import metrics
 from resident_operator.__main__ import main
-from resident_operator.structured_logs import JsonLines, QuietTimers
+from resident_operator.structured_logs import JsonLines, QuietSuccesses
 
 
 @pytest.fixture(autouse=True)
@@ -48,8 +48,14 @@ def test_json_log_lines_carry_extra_fields():
     rec.model, rec.reason = "ns/m", "OwnerPodCreated"
     doc = json.loads(JsonLines().format(rec))
     assert (doc["message"], doc["model"], doc["reason"], doc["level"]) == ("created pod", "ns/m", "OwnerPodCreated", "info")
-    quiet = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Timer 'resync' succeeded.", (), None)
-    assert QuietTimers().filter(quiet) is False and QuietTimers().filter(rec) is True
+    rec.settings = object()          # kopf attaches its settings object: not plain data, left out
+    rec.k8s_ref = {"name": "m"}
+    doc = json.loads(JsonLines().format(rec))
+    assert "settings" not in doc and doc["k8s_ref"] == {"name": "m"}
+    quiet = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'pod_changed' succeeded.", (), None)
+    failed = logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, "Handler 'pod_changed' failed.", (), None)
+    assert QuietSuccesses().filter(quiet) is False
+    assert QuietSuccesses().filter(rec) is True and QuietSuccesses().filter(failed) is True
 
 
 def test_metric_names_have_units_and_models_by_phase_counts():
