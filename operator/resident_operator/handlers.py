@@ -155,24 +155,24 @@ async def model_changed(memo: kopf.Memo, namespace: str, name: str, uid: str, me
         handle.poke("model")
 
 
-def _wake_owner_of(labels: Any, model_handles: kopf.Index, cause: str) -> None:
+def _wake_model_of(labels: Any, model_handles: kopf.Index, cause: str) -> None:
     for handle in model_handles.get(labels.get(naming.LABEL_MODEL_UID), []):
         handle.poke(cause)
 
 
 @kopf.on.event("pods", labels=OWNED)
 async def pod_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
-    _wake_owner_of(labels, model_handles, "pod")
+    _wake_model_of(labels, model_handles, "pod")
 
 
 @kopf.on.event("secrets", labels=OWNED)
 async def secret_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
-    _wake_owner_of(labels, model_handles, "secret")
+    _wake_model_of(labels, model_handles, "secret")
 
 
 @kopf.on.event(*DELIVERIES, labels=OWNED)
 async def delivery_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
-    _wake_owner_of(labels, model_handles, "delivery")
+    _wake_model_of(labels, model_handles, "delivery")
 
 
 # -- the model's passes ---------------------------------------------------------------------
