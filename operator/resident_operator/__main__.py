@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 
 # kopf ends the whole operator when a watch stream fails with an error it does not retry,
-# e.g. a 404 from an API server that restarted and does not serve custom resources yet.
-# The operator then starts again in the same process: every model resumes from status.
-RESTART_SECONDS = 2.0
+# e.g. a 404 from an API server that restarted and does not serve custom resources yet,
+# and its shutdown can then hang (a watcher waits to re-authenticate after the
+# authenticator stopped). The process therefore exits at most this long after kopf's
+# cleanup, with status 1, and its supervisor (kubelet) starts it again: every model
+# resumes from status.
+EXIT_GRACE_SECONDS = 10.0
 
 EPILOG = """\
 The operator watches ResidentModels (resident.dev/v1alpha1) and, for each, keeps
@@ -70,21 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from . import handlers  # noqa: F401 - registers the handlers
+    from . import handlers  # registers the handlers
     from .metrics import REGISTRY
 
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=REGISTRY)
-    while True:
-        try:
-            kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
-                     liveness_endpoint=args.liveness)
-            return 0   # stopped by a signal
-        except Exception as e:  # noqa: BLE001 - see RESTART_NOTE
-            logging.getLogger("resident_operator").error(
-                "the operator stopped on an error; starting it again", exc_info=True,
-                extra={"error": f"{type(e).__name__}: {e}", "restart_in_seconds": RESTART_SECONDS})
-            time.sleep(RESTART_SECONDS)
+    handlers.EXIT_AFTER_CLEANUP_SECONDS = EXIT_GRACE_SECONDS
+    try:
+        kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
+                 liveness_endpoint=args.liveness)
+    except Exception as e:  # noqa: BLE001 - reported, then the supervisor restarts us
+        logging.getLogger("resident_operator").error(
+            "the operator stopped on an error; exiting so that it is started again",
+            exc_info=True, extra={"error": f"{type(e).__name__}: {e}"})
+        return 1
+    return 0   # stopped by a signal
 
 
 if __name__ == "__main__":

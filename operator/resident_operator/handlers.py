@@ -21,6 +21,8 @@ import contextvars
 import functools
 import logging
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ DELIVERIES = (naming.GROUP, naming.VERSION, naming.DELIVERY_PLURAL)
 OWNED = {naming.LABEL_MODEL_UID: kopf.PRESENT}
 PASS_THREADS = 8        # passes of different models that may run at once
 DELETE_LOCK_SECONDS = 30
+EXIT_AFTER_CLEANUP_SECONDS: float | None = None   # set by `resident operator` (see __main__)
 
 
 class Runtime:
@@ -84,6 +87,15 @@ async def shut_down(memo: kopf.Memo, **_: Any) -> None:
     if rt.session is not None:
         await rt.session.close()
     rt.pool.shutdown(wait=False, cancel_futures=True)
+    if EXIT_AFTER_CLEANUP_SECONDS is not None:   # the process must end even if kopf's shutdown hangs
+        threading.Thread(target=_exit_later, args=(EXIT_AFTER_CLEANUP_SECONDS,), daemon=True).start()
+
+
+def _exit_later(seconds: float) -> None:
+    time.sleep(seconds)
+    log.error("kopf did not finish its shutdown; exiting", extra={"seconds": seconds})
+    logging.shutdown()
+    os._exit(1)
 
 
 async def _sweep_forever(rt: Runtime) -> None:

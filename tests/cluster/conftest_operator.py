@@ -91,6 +91,41 @@ def operator_process(namespace: str, log_path: Path, **env: str):
         proc.wait(10)
 
 
+class Supervised:
+    """``resident operator`` as its own process, started again whenever it exits, as
+    kubelet does for the Deployment's container (restartPolicy Always)."""
+
+    def __init__(self, namespace: str, log_path: Path, **env: str) -> None:
+        self.cmd = [sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_cli.main())",
+                    "operator", "-n", namespace, "--metrics-port", "0"]
+        self.env, self.log_path = {**os.environ, **OPERATOR_ENV, **env}, log_path
+        self.exits: list[int] = []
+        self.proc: subprocess.Popen | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            while self.proc.poll() is None and not self._stop.wait(0.2):
+                pass
+            if self.proc.poll() is not None and not self._stop.is_set():
+                self.exits.append(self.proc.returncode)
+                self._stop.wait(1.0)
+
+    def __enter__(self) -> "Supervised":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
 class Api:
     def __init__(self, cluster, namespace: str) -> None:
         api = cluster.api_client()

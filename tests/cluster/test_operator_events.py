@@ -12,7 +12,7 @@ import time
 from localcluster.processes import free_port
 from resident_operator.metrics import REGISTRY
 
-from conftest_operator import Api, PlayedNode, operator_process, running_operator, wait_for
+from conftest_operator import Api, PlayedNode, Supervised, running_operator, wait_for
 from test_operator_transitions import (bundles, deliveries, last_result, ready_on,  # noqa: F401
                                        spec_for, status)
 
@@ -79,13 +79,13 @@ def test_a_burst_of_spec_changes_coalesces_and_the_last_spec_wins(cluster, names
 def test_a_restarted_api_server_loses_no_step(cluster, namespace, tmp_path, bundles):
     """Watches break while a delivery stages; the Staged status written after the restart
     still moves the transition on, and it ends without the safety resync. The operator runs
-    as ``resident operator`` (its own process, as deployed): if kopf gives up on a watch
-    (a 404 while the restarted server does not serve custom resources yet), the operator
-    starts again by itself."""
+    as ``resident operator`` under a supervisor, as deployed: if kopf gives up on a watch
+    (a 404 while the restarted server does not serve custom resources yet), the process
+    exits with status 1 and is started again, and the transition resumes from status."""
     root, d = bundles
     api, port = Api(cluster, namespace), free_port()
     with PlayedNode(cluster, namespace, tmp_path) as node, \
-            operator_process(namespace, tmp_path / "operator.log") as proc:
+            Supervised(namespace, tmp_path / "operator.log") as operator:
         api.create_model("lm", spec_for(bundles, "base", port))
         wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
         node.stage_deliveries.clear()
@@ -99,6 +99,6 @@ def test_a_restarted_api_server_loses_no_step(cluster, namespace, tmp_path, bund
         s = wait_for(lambda: ready_on(api, d["rows"]), timeout=40, what="Ready on rows after the restart")
         assert s["lastTransition"]["result"] == "succeeded"
         assert api.reasons("lm").count("TransitionPlanned") == 1
-        assert proc.poll() is None
+        assert set(operator.exits) <= {1}     # if it stopped, it said it failed
     unexpected = node.errors[:before] + node.errors[outage:]
     assert not unexpected, unexpected[-1]
