@@ -51,14 +51,26 @@ def summarize(samples: list[dict], metric: str, ratios: dict[str, tuple[str, str
 
 
 def machine() -> dict:
-    """What a raw.json records about where and on what it ran: the git commit (and whether
-    the tree had changes), the load average, the cores and the time."""
+    """The state of the checkout and the machine now: git commit (and whether the tree had
+    changes), load average, cores, time. Take one before the arms run, one after."""
     repo = Path(__file__).resolve().parent.parent
     git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True,  # noqa: E731
                                     text=True).stdout.strip()
-    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")),
             "loadavg": list(os.getloadavg()), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def provenance(before: dict, after: dict) -> dict:
+    """What a raw.json records of where it ran: the commit it measured (the one checked out
+    when it started; ``commit_end`` too if the checkout moved during the run), the cores,
+    and the load average before and after."""
+    out = {"commit": before["commit"], "dirty": before["dirty"], "cpus": before["cpus"],
+           "loadavg": {"before": before["loadavg"], "after": after["loadavg"]},
+           "started": before["time"], "ended": after["time"]}
+    if after["commit"] != before["commit"]:
+        out["commit_end"] = after["commit"]
+    return out
 
 
 def write(folder: Path, raw: dict, summary: dict) -> None:

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "chunk_bytes": CHUNK,
                       "store_fs": args.store_fs,
                       "arms": {k: list(v[:1]) + [v[1], v[2]] for k, v in ARMS.items()}},
-           "machine": {"before": machine_before, "after": benchkit.machine()},
+           **benchkit.provenance(machine_before, benchkit.machine()),
            "samples": samples, "status_lag_seconds": lags}
     summary = recompute(raw)
     out.mkdir(parents=True, exist_ok=True)

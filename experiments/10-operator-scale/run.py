@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["rm", "-rf", str(work)], check=False)
     raw = {"config": {"rounds": args.rounds, "models": args.models, "settle_seconds": args.settle,
                       "poll_commit": POLL_COMMIT},
-           "machine": {"before": machine_before, "after": benchkit.machine()}, "samples": samples}
+           **benchkit.provenance(machine_before, benchkit.machine()), "samples": samples}
     summary = recompute(raw)
     args.out.mkdir(parents=True, exist_ok=True)
     benchkit.write(args.out, raw, summary)
