@@ -7,11 +7,12 @@ and back to ``ready``, or to ``unloaded`` (the model is gone: a reload failed af
 old runtime was closed, or an in-place restore failed) or ``quarantined`` (staged memory
 could not be released: inference continues, transitions are refused).
 
-Two locks and a condition: ``engine`` is held by every generate and by the part of a transition that
-touches live weights, so a request sees either the old or the new identity, never a
-mix; ``transition_guard`` is taken without waiting, so a second transition while one
-runs is refused instead of queued; ``finished`` wakes whoever waits for a transition's
-result (``GET /v1/transitions/{id}?waitSeconds=N``), so the operator steps on at once.
+Two locks and a condition: ``engine`` is held by every generate and by the part of a
+transition that touches live weights, so a request sees either the old or the new
+identity, never a mix; ``transition_guard`` is taken without waiting, so a second
+transition while one runs is refused instead of queued; ``finished`` wakes whoever waits
+for a transition's result (``GET /v1/transitions/{id}?waitSeconds=N``), so the operator
+steps on at once.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The owner's HTTP/JSON control API on the standard library's threading HTTP server.
 
 Routes follow docs/contracts.md. ``GET /v1/transitions/{id}?waitSeconds=N`` blocks until
-the transition has a result (or N seconds pass), so a caller needs no polling. ``/healthz``, ``/readyz`` and ``/metrics`` need no
-token; everything under ``/v1/`` needs ``Authorization: Bearer <token>``, compared in
+the transition has a result (or N seconds pass), so a caller needs no polling.
+``/healthz``, ``/readyz`` and ``/metrics`` need no token; everything under ``/v1/`` needs ``Authorization: Bearer <token>``, compared in
 constant time. Bodies are JSON, at most 1 MiB, validated by the pydantic models in
 :mod:`owner.api`; every refusal is a JSON ``{"error": ...}`` with a 4xx/5xx code.
 """
@@ -142,8 +142,7 @@ class OwnerHandler(BaseHTTPRequestHandler):
     def _get_transition(self, tid: str) -> None:
         if not self._authorized():
             return
-        wait = self._wait_seconds()
-        status = self.owner.wait_transition(tid, wait) if wait else self.owner.transitions.get(tid)
+        status = self.owner.wait_transition(tid, self._wait_seconds())   # 0: as it is now
         if status is None:
             raise Refused(404, f"no transition {tid}")
         self._send(200, api.dump(status))
