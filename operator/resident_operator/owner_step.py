@@ -18,28 +18,24 @@ from .context import ModelContext, log
 from .delivery import build_bundle_delivery, observe_delivery
 from .model_state import ModelState
 from .observe import OwnerView
-from .owner_client import OwnerClient, OwnerUnreachable
-from .owners import create_child, create_owner_pod, owner_address
+from .owner_client import OwnerUnreachable
+from .owners import create_child, create_owner_pod, owner_client
 from .spec import ModelSpec
 from .transition import Action, OwnerObservation, OwnerProgress, Step, TransitionState
-
-
-def _client(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> OwnerClient:
-    return OwnerClient(owner_address(ctx, {"status": {"podIP": view.pod_ip}}), spec.runtime.port,
-                       ctx.token, ctx.settings.owner_timeout_seconds)
 
 
 def _owner_now(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> dict[str, Any]:
     """The owner's state and bundle as it answers now (state None if it does not answer)."""
     try:
-        answer = _client(ctx, spec, view).identity()
+        answer = owner_client(ctx, spec, view.pod_ip).identity()
     except OwnerUnreachable:
         return {"state": None}
     return {"state": answer.get("state"), "identity_bundle": (answer.get("identity") or {}).get("bundle")}
 
 
 def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: OwnerProgress,
-             view: OwnerView | None, deliveries: dict[str, dict[str, Any]]) -> OwnerObservation:
+                  view: OwnerView | None, deliveries: dict[str, dict[str, Any]]
+                  ) -> OwnerObservation:
     exists = view is not None and view.uid == p.pod_uid and not view.terminating
     obs: dict[str, Any] = {"pod_exists": exists}
     if exists:
@@ -48,7 +44,7 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
     if p.step == Step.delivering and p.delivery:
         obs["delivery"] = observe_delivery(deliveries.get(p.delivery))
     if p.step == Step.applying and p.owner_transition and exists:
-        client = _client(ctx, spec, view)
+        client = owner_client(ctx, spec, view.pod_ip)
         try:
             obs["owner_transition"] = client.transition(p.owner_transition)
         except OwnerUnreachable as e:
@@ -65,7 +61,8 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
 
 
 def release_deliveries(ctx: ModelContext, state: ModelState, deliveries: dict[str, dict[str, Any]],
-             slot: int, keep_revision: str | None, only_revision: str | None = None) -> list[str]:
+                       slot: int, keep_revision: str | None, only_revision: str | None = None
+                       ) -> list[str]:
     """Delete recorded deliveries of ``slot`` (all but ``keep_revision``, or only one)."""
     released = []
     for name, bd in deliveries.items():
@@ -85,8 +82,8 @@ def release_deliveries(ctx: ModelContext, state: ModelState, deliveries: dict[st
 
 
 def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState,
-             p: OwnerProgress, action: Action, view: OwnerView | None,
-             deliveries: dict[str, dict[str, Any]]) -> OwnerProgress:
+            p: OwnerProgress, action: Action, view: OwnerView | None,
+            deliveries: dict[str, dict[str, Any]]) -> OwnerProgress:
     inc = int(view.incarnation) if view else state.incarnation(p.slot)
     if action == Action.create_delivery:
         donor = (view.identity.get("bundle") if view else "") or t.from_digest
@@ -106,7 +103,7 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
     if action == Action.start_owner_transition:
         if view is None or not view.state == "ready":
             return p
-        client = _client(ctx, spec, view)
+        client = owner_client(ctx, spec, view.pod_ip)
         answer = client.start_transition(t.to, t.path, spec.transition.strategy)
         tid = str(answer.get("id") or "")
         ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {tid} to "

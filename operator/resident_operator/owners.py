@@ -146,8 +146,14 @@ def replace_broken_owners(ctx: ModelContext, state: ModelState, spec: ModelSpec,
     return kept
 
 
-def owner_address(ctx: ModelContext, pod: dict[str, Any]) -> str:
-    return ctx.settings.owner_host or (pod.get("status") or {}).get("podIP") or ""
+def owner_address(ctx: ModelContext, pod_ip: str) -> str:
+    """Where an owner is reached: the installation's owner host, else its Pod IP."""
+    return ctx.settings.owner_host or pod_ip
+
+
+def owner_client(ctx: ModelContext, spec: ModelSpec, pod_ip: str) -> OwnerClient:
+    return OwnerClient(owner_address(ctx, pod_ip), spec.runtime.port, ctx.token,
+                       ctx.settings.owner_timeout_seconds)
 
 
 def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpec
@@ -155,12 +161,12 @@ def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpe
     """A view per Pod; running Pods' owners are asked for their identity."""
     views = []
     for pod in pods:
-        host = owner_address(ctx, pod)
+        pod_ip = (pod.get("status") or {}).get("podIP") or ""
         running = (pod.get("status") or {}).get("phase") == "Running"
-        if not running or not host or pod["metadata"].get("deletionTimestamp"):
+        if not running or not owner_address(ctx, pod_ip) or pod["metadata"].get("deletionTimestamp"):
             views.append(owner_view(pod))
             continue
-        client = OwnerClient(host, spec.runtime.port, ctx.token, ctx.settings.owner_timeout_seconds)
+        client = owner_client(ctx, spec, pod_ip)
         try:
             views.append(owner_view(pod, client.identity()))
         except OwnerUnreachable as e:
