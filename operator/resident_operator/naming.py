@@ -34,6 +34,11 @@ COMPONENT_DELIVERY = "delivery"
 COMPONENT_TOKEN = "token"
 TOKEN_KEY = "token"
 TOKEN_MOUNT_DIR = "/var/run/resident"
+API_KEY_KEY = "api-key"
+API_KEY_MOUNT_DIR = "/var/run/resident-api-key"
+PORT_CONTROL = "control"
+PORT_HTTP = "http"
+COMPONENT_SERVICE = "service"
 BUNDLE_MOUNT = "/bundle"
 MAX_NAME = 63
 

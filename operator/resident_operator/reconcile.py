@@ -21,6 +21,7 @@ from .model_state import ModelState
 from .observe import derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
 from .rollout import step_transition
+from .serving import ensure_service
 from .spec import SpecError, parse_spec, spec_problems
 
 OK, INVALID, GONE = "ok", "invalid", "gone"
@@ -57,13 +58,15 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     managed = {o.slot for o in t.owners} if t else set()
     revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])
     pods = ensure_owner_pods(ctx, state, spec, managed, revision)
+    endpoint = ensure_service(ctx, state, spec)
     views = observe_owners(ctx, pods, spec)
     if state.transition is None:
         views = replace_broken_owners(ctx, state, spec, views)
     blocker = step_transition(ctx, state, spec, views)
-    report(ctx, derive_status(replicas=spec.replicas, owners=views, problems=[],
-                              transition=state.transition, last_transition=state.last_transition,
-                              blocker=blocker, desired_digest=spec.bundle.digest))
+    derived = derive_status(replicas=spec.replicas, owners=views, problems=[],
+                            transition=state.transition, last_transition=state.last_transition,
+                            blocker=blocker, desired_digest=spec.bundle.digest)
+    report(ctx, dict(derived, endpoint=endpoint or None))
     return OK, ""
 
 
@@ -78,6 +81,8 @@ def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
         "observedGeneration": generation, "phase": derived["phase"], "ready": derived["ready"],
         "identity": derived["identity"] or None, "owners": derived["owners"], "conditions": merged,
     }
+    if "endpoint" in derived:   # an invalid spec leaves the Service and its endpoint as they are
+        patch["endpoint"] = derived["endpoint"]
     if changed(ctx.body.get("status") or {}, patch):
         ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
     metrics.set_model_phase(f"{ctx.namespace}/{ctx.name}", derived["phase"])

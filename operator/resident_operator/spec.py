@@ -72,6 +72,12 @@ class TransitionSpec(_Camel):
     timeout_seconds: int = Field(default=600, ge=1, le=86400, alias="timeoutSeconds")
 
 
+class ServingSpec(_Camel):
+    """How applications reach the model: the inference port and an optional API key."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key_secret: str | None = Field(default=None, alias="apiKeySecret")
+
+
 class Toleration(_Camel):
     key: str = ""
     operator: Literal["Exists", "Equal"] = "Equal"
@@ -91,6 +97,7 @@ class ModelSpec(_Camel):
     delivery: DeliverySpec = DeliverySpec()
     runtime: RuntimeSpec = RuntimeSpec()
     transition: TransitionSpec = TransitionSpec()
+    serving: ServingSpec = ServingSpec()
 
     @property
     def cards(self) -> int:
@@ -169,7 +176,24 @@ def _runtime_problems(spec: ModelSpec, settings: OperatorSettings) -> list[str]:
     if dups:
         out.append(f"spec.runtime.variants: duplicate names {', '.join(dups)}")
     out += _resources_problems(spec)
+    out += _port_problems(spec, settings)
+    secret = spec.serving.api_key_secret
+    if secret is not None and not DNS_SUBDOMAIN_RE.match(secret):
+        out.append(f"spec.serving.apiKeySecret {secret!r} is not a valid Secret name")
     return out
+
+
+def _port_problems(spec: ModelSpec, settings: OperatorSettings) -> list[str]:
+    """The control and inference ports must differ; on host networking slot k takes
+    base+k of each (docs/operator.md), so the two ranges must not overlap either."""
+    control, http = spec.runtime.port, spec.serving.port
+    width = max(spec.replicas, 1) if settings.owner_host_network else 1
+    if abs(control - http) < width:
+        return [f"spec.runtime.port {control} and spec.serving.port {http} overlap"
+                + (f" for {width} replicas on host networking (slot k uses port+k)" if width > 1 else "")]
+    if settings.owner_host_network and max(control, http) + width - 1 > 65535:
+        return [f"spec.replicas {spec.replicas}: slot ports above 65535 (slot k uses port+k)"]
+    return []
 
 
 def _resources_problems(spec: ModelSpec) -> list[str]:
