@@ -98,7 +98,7 @@ class Kube:
         """Delete ``name`` only if its UID is ``uid``: returns deleted, gone or not-ours."""
         body = kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid))
         try:
-            self._call("delete", kind, namespace, name, body=body)
+            self._call("delete", kind, namespace, name, body=body, _preload_content=False)
             return "deleted"
         except ApiException as e:
             if e.status == 404:

@@ -48,9 +48,10 @@ class OwnerClient:
                          drain_seconds: float = 0.0) -> dict[str, Any]:
         """Start a transition. A reload first keeps serving, not ready, for ``drain_seconds``
         so that the owner leaves its Service's Endpoints before the old revision closes."""
-        return self._call("POST", "/v1/transitions",
-                          {"target": target, "path": path, "strategy": strategy,
-                           "drainSeconds": drain_seconds})[1]
+        body: dict[str, Any] = {"target": target, "path": path, "strategy": strategy}
+        if drain_seconds > 0:   # owners before drains existed accept the request without it
+            body["drainSeconds"] = drain_seconds
+        return self._call("POST", "/v1/transitions", body)[1]
 
     def wait(self, transition_id: str) -> OwnerWait:
         """How to wait for this transition's result (the driver does it, asynchronously)."""

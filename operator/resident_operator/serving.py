@@ -71,6 +71,9 @@ def ensure_service(ctx: ModelContext, state: ModelState, spec: ModelSpec) -> str
         ctx.event("ServiceNameTaken", f"Service {name} exists and is not this model's: "
                                       "applications cannot reach the model by it", warning=True)
         return ""
+    for rec in ch.of_kind(state.children, KIND):   # one Service per model: older ones went away
+        if rec["uid"] != svc["metadata"]["uid"]:
+            state.forget_child(rec["uid"])
     if (svc.get("spec") or {}).get("ports") != wanted["spec"]["ports"]:
         ctx.kube.patch(ctx.namespace, KIND, name, {"spec": {"ports": wanted["spec"]["ports"]}})
     return endpoint(ctx.name, ctx.namespace, spec)
