@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import conditions as c
-from . import metrics
+from . import metrics, naming
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import derive_status
@@ -66,7 +66,9 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     derived = derive_status(replicas=spec.replicas, owners=views, problems=[],
                             transition=state.transition, last_transition=state.last_transition,
                             blocker=blocker, desired_digest=spec.bundle.digest)
-    report(ctx, dict(derived, endpoint=endpoint or None))
+    live = sum(1 for v in views if not v.terminating)
+    report(ctx, dict(derived, endpoint=endpoint or None, replicas=live,
+                     selector=naming.owner_selector(ctx.uid)))
     return OK, ""
 
 
@@ -81,8 +83,9 @@ def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
         "observedGeneration": generation, "phase": derived["phase"], "ready": derived["ready"],
         "identity": derived["identity"] or None, "owners": derived["owners"], "conditions": merged,
     }
-    if "endpoint" in derived:   # an invalid spec leaves the Service and its endpoint as they are
-        patch["endpoint"] = derived["endpoint"]
+    for key in ("endpoint", "replicas", "selector"):   # not known when the spec is invalid
+        if key in derived:
+            patch[key] = derived[key]
     if changed(ctx.body.get("status") or {}, patch):
         ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
     metrics.set_model_phase(f"{ctx.namespace}/{ctx.name}", derived["phase"])

@@ -44,8 +44,7 @@ def build_service(model: str, model_uid: str, spec: ModelSpec) -> dict[str, Any]
         "metadata": {"name": service_name(model),
                      "labels": naming.model_labels(model, model_uid, naming.COMPONENT_SERVICE)},
         "spec": {
-            "selector": {naming.LABEL_MODEL_UID: model_uid,
-                         naming.LABEL_COMPONENT: naming.COMPONENT_OWNER},
+            "selector": naming.owner_match(model_uid),
             "ports": [{"name": naming.PORT_HTTP, "port": spec.serving.port,
                        "targetPort": naming.PORT_HTTP, "protocol": "TCP"}],
         },

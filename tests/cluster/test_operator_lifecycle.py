@@ -113,6 +113,25 @@ def test_the_service_follows_the_spec_and_comes_back_when_deleted(cluster, names
         assert svc.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
 
 
+def test_kubectl_scale_changes_the_owners_and_the_scale_subresource_counts_them(cluster, namespace):
+    api = Api(cluster, namespace)
+    with running_operator(namespace):
+        model = api.create_model("tiny", SPEC)
+        wait_for(lambda: len(owner_pods(api, "tiny")) == 1, what="one owner Pod")
+        cluster.kubectl("scale", "rm", "tiny", "--replicas=3", "-n", namespace)
+        wait_for(lambda: len(owner_pods(api, "tiny")) == 3, what="three owner Pods after kubectl scale")
+
+        def scale():
+            return api.custom.get_namespaced_custom_object_scale(
+                "resident.dev", "v1alpha1", namespace, "residentmodels", "tiny")
+        got = wait_for(lambda: (scale().get("status") or {}).get("replicas") == 3 and scale(),
+                       what="scale status 3")
+        assert got["spec"]["replicas"] == 3
+        selector = got["status"]["selector"]
+        assert selector == f"resident.dev/model-uid={model['metadata']['uid']},resident.dev/component=owner"
+        assert len(api.pods(selector)) == 3
+
+
 def test_invalid_spec_gets_a_condition_and_no_children(cluster, namespace):
     api = Api(cluster, namespace)
     bad = {**SPEC, "runtime": {"warmup": True}, "transition": {"maxUnavailable": 1}}
