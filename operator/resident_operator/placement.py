@@ -139,6 +139,13 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
     if spec.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True)
                                    for t in spec.tolerations]
+    if spec.affinity:
+        pod_spec["affinity"] = dict(spec.affinity)
+    if spec.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = [_owner_scoped(tsc, model_uid)
+                                                 for tsc in spec.topology_spread_constraints]
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": naming.owner_pod_name(model, slot, incarnation), "labels": labels,
@@ -146,6 +153,13 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
                                      SOURCE_ANNOTATION: bundle_source}},
         "spec": pod_spec,
     }
+
+
+def _owner_scoped(constraint: dict[str, Any], model_uid: str) -> dict[str, Any]:
+    """A spread constraint without a labelSelector counts this model's owners."""
+    out = dict(constraint)
+    out.setdefault("labelSelector", {"matchLabels": naming.owner_match(model_uid)})
+    return out
 
 
 def new_token() -> str:

@@ -29,6 +29,7 @@ BACKEND_ACCELERATORS: dict[str, tuple[str, ...]] = {
 }
 KNOWN_ACCELERATORS = ("furiosa.ai/rngd", "rebellions.ai/ATOM", "rebellions.ai/npu", "nvidia.com/gpu")
 LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+AFFINITY_KINDS = {"nodeAffinity", "podAffinity", "podAntiAffinity"}
 DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -93,6 +94,10 @@ class ModelSpec(_Camel):
     replicas: int = Field(default=1, ge=0, le=1024)
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     tolerations: tuple[Toleration, ...] = ()
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    topology_spread_constraints: tuple[dict[str, Any], ...] = Field(
+        default=(), alias="topologySpreadConstraints")
+    priority_class_name: str = Field(default="", alias="priorityClassName")
     bundle: BundleRef
     delivery: DeliverySpec = DeliverySpec()
     runtime: RuntimeSpec = RuntimeSpec()
@@ -230,4 +235,18 @@ def _placement_problems(spec: ModelSpec) -> list[str]:
             out.append(f"spec.tolerations[{i}]: an empty key needs operator Exists")
         if t.toleration_seconds is not None and t.effect != "NoExecute":
             out.append(f"spec.tolerations[{i}]: tolerationSeconds needs effect NoExecute")
+    extra = sorted(set(spec.affinity) - AFFINITY_KINDS)
+    if extra:
+        out.append(f"spec.affinity: only {', '.join(sorted(AFFINITY_KINDS))} are allowed, "
+                   f"not {', '.join(extra)}")
+    for i, tsc in enumerate(spec.topology_spread_constraints):
+        if not isinstance(tsc.get("maxSkew"), int) or tsc["maxSkew"] < 1:
+            out.append(f"spec.topologySpreadConstraints[{i}].maxSkew must be an integer >= 1")
+        if not tsc.get("topologyKey"):
+            out.append(f"spec.topologySpreadConstraints[{i}].topologyKey is required")
+        if tsc.get("whenUnsatisfiable") not in ("DoNotSchedule", "ScheduleAnyway"):
+            out.append(f"spec.topologySpreadConstraints[{i}].whenUnsatisfiable must be "
+                       "DoNotSchedule or ScheduleAnyway")
+    if spec.priority_class_name and not DNS_SUBDOMAIN_RE.match(spec.priority_class_name):
+        out.append(f"spec.priorityClassName {spec.priority_class_name!r} is not a valid name")
     return out

@@ -132,6 +132,23 @@ def test_kubectl_scale_changes_the_owners_and_the_scale_subresource_counts_them(
         assert len(api.pods(selector)) == 3
 
 
+def test_scheduling_controls_are_accepted_by_the_api_server_on_owner_pods(cluster, namespace):
+    api = Api(cluster, namespace)
+    spec = dict(SPEC, affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "resident.dev/pool", "operator": "In", "values": ["npu"]}]}]}}},
+        topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                    "whenUnsatisfiable": "ScheduleAnyway"}])
+    with running_operator(namespace):
+        api.create_model("tiny", spec)
+        pod = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
+        terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        assert terms.node_selector_terms[0].match_expressions[0].values == ["npu"]
+        tsc, = pod.spec.topology_spread_constraints
+        assert tsc.topology_key == "kubernetes.io/hostname" and tsc.label_selector.match_labels[
+            "resident.dev/component"] == "owner"
+
+
 def test_invalid_spec_gets_a_condition_and_no_children(cluster, namespace):
     api = Api(cluster, namespace)
     bad = {**SPEC, "runtime": {"warmup": True}, "transition": {"maxUnavailable": 1}}

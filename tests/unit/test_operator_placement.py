@@ -103,6 +103,21 @@ def test_api_key_secret_is_mounted_and_passed_to_the_owner():
     assert path == mount["mountPath"] + "/api-key" and mount["readOnly"] is True
 
 
+def test_scheduling_controls_reach_the_owner_pod():
+    affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                           "labelSelector": {"matchLabels": {"app": "x"}}}}]}}
+    s = spec(affinity=affinity, priorityClassName="models-high", topologySpreadConstraints=[
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}])
+    pod_spec = pod_for(s)["spec"]
+    assert pod_spec["affinity"] == affinity and pod_spec["priorityClassName"] == "models-high"
+    tsc, = pod_spec["topologySpreadConstraints"]
+    # without a selector of its own, a constraint spreads this model's owners
+    assert tsc["labelSelector"] == {"matchLabels": {naming.LABEL_MODEL_UID: "model-uid-1",
+                                                    naming.LABEL_COMPONENT: "owner"}}
+    assert "affinity" not in pod_for(spec())["spec"]
+
+
 def test_adopt_adds_the_controller_owner_reference():
     pod = pod_for(spec())
     kopf.adopt(pod, owner=MODEL_BODY)

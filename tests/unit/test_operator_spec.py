@@ -49,6 +49,11 @@ def test_camel_case_fields_are_read():
     ({"nodeSelector": {"zone": "not valid!"}}, "not a valid label value"),
     ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "must not have a value"),
     ({"tolerations": [{"key": "k", "tolerationSeconds": 5, "effect": "NoSchedule"}]}, "needs effect NoExecute"),
+    ({"affinity": {"nodeAffinity": {}, "weird": {}}}, "spec.affinity: only nodeAffinity"),
+    ({"topologySpreadConstraints": [{"maxSkew": 0, "topologyKey": "zone",
+                                     "whenUnsatisfiable": "DoNotSchedule"}]}, "maxSkew must be"),
+    ({"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "Maybe"}]}, "topologyKey is required"),
+    ({"priorityClassName": "Not Valid"}, "spec.priorityClassName"),
     ({"serving": {"port": 8080}}, "spec.runtime.port 8080 and spec.serving.port 8080 overlap"),
     ({"serving": {"apiKeySecret": "Not_A_Name"}}, "is not a valid Secret name"),
 ])
