@@ -1,7 +1,7 @@
 """The operator's side effects on the API server, as plain dicts in and out.
 
 A thin layer over the official client for the kinds the operator creates (Pod, Secret,
-Service, BundleDelivery) and for the ResidentModel's status. Creation tolerates 409 by
+Service, BundleDelivery, PodDisruptionBudget) and for the ResidentModel's status. Creation tolerates 409 by
 returning the existing object (the caller decides whether it may adopt it); deletion
 tolerates 404 and always carries a UID precondition, and reports a 409 (the name now
 belongs to another object) as "not ours" instead of deleting it.
@@ -21,7 +21,9 @@ from . import naming
 
 log = logging.getLogger(__name__)
 CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}
-KINDS = {"BundleDelivery": naming.DELIVERY_PLURAL}
+# other kinds: (group, versions in order of preference, plural)
+KINDS = {"BundleDelivery": (naming.GROUP, (naming.VERSION,), naming.DELIVERY_PLURAL),
+         "PodDisruptionBudget": ("policy", ("v1", "v1beta1"), "poddisruptionbudgets")}
 
 
 def load_config() -> kubernetes.client.ApiClient:
@@ -41,6 +43,26 @@ class Kube:
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        self._versions: dict[str, str] = {}
+
+    def api_version(self, kind: str) -> str:
+        """``group/version`` of ``kind``: the first version of KINDS the API server serves."""
+        if kind in CORE_KINDS:
+            return "v1"
+        if kind not in self._versions:
+            group, versions, plural = KINDS[kind]
+            self._versions[kind] = next(
+                (v for v in versions[:-1] if self._serves(group, v, plural)), versions[-1])
+        return f"{KINDS[kind][0]}/{self._versions[kind]}"
+
+    def _serves(self, group: str, version: str, plural: str) -> bool:
+        try:
+            listed = self._json(self.custom.get_api_resources(group, version, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in listed.get("resources") or [])
 
     @staticmethod
     def _json(resp: Any) -> dict[str, Any]:
@@ -56,7 +78,8 @@ class Kube:
             return method(namespace, *args, **kw)
         verb = {"read": "get"}.get(verb, verb)
         method = getattr(self.custom, f"{verb}_namespaced_custom_object")
-        return method(naming.GROUP, naming.VERSION, namespace, KINDS[kind], *args, **kw)
+        group, version = self.api_version(kind).split("/")
+        return method(group, version, namespace, KINDS[kind][2], *args, **kw)
 
     def create(self, namespace: str, obj: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create ``obj``; on 409 return the existing object. Returns (object, created)."""
@@ -86,7 +109,7 @@ class Kube:
                                       _preload_content=False)).get("items") or []
         for item in items:
             item.setdefault("kind", kind)
-            item.setdefault("apiVersion", "v1" if kind in CORE_KINDS else naming.API_VERSION)
+            item.setdefault("apiVersion", self.api_version(kind))
         return items
 
     def patch(self, namespace: str, kind: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from .model_state import ModelState
 from .observe import derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
 from .rollout import step_transition
+from .disruption import ensure_disruption_budget
 from .serving import ensure_service
 from .spec import SpecError, parse_spec, spec_problems
 
@@ -59,6 +60,7 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])
     pods = ensure_owner_pods(ctx, state, spec, managed, revision)
     endpoint = ensure_service(ctx, state, spec)
+    ensure_disruption_budget(ctx, state, spec)
     views = observe_owners(ctx, pods, spec)
     if state.transition is None:
         views = replace_broken_owners(ctx, state, spec, views)

@@ -5,7 +5,7 @@ by the model's UID label and sends traffic to each Pod's port named ``http``, so
 slot ports of host networking resolve per Pod. Endpoints follow Pod readiness, which the
 owner keeps true through an in-place switch and turns false before a reload closes the
 old revision (docs/owner.md). The Service is a child like every other: created, recorded
-by UID, adopted after a crash, deleted by UID with the model.
+by UID, adopted after a crash, deleted by UID with the model (``companions.py``).
 
 A model whose name is not a DNS-1035 label (dots, a leading digit) gets a Service named
 after it with those characters replaced (see :func:`service_name`).
@@ -16,11 +16,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import children as ch
 from . import naming
+from .companions import ensure_companion
 from .context import ModelContext
 from .model_state import ModelState
-from .owners import adoptable, create_child
 from .spec import ModelSpec
 
 KIND = "Service"
@@ -54,25 +53,5 @@ def build_service(model: str, model_uid: str, spec: ModelSpec) -> dict[str, Any]
 def ensure_service(ctx: ModelContext, state: ModelState, spec: ModelSpec) -> str:
     """Create, adopt or correct the model's Service; returns ``status.endpoint`` ('' while
     its name is held by an object that is not ours)."""
-    wanted = build_service(ctx.name, ctx.uid, spec)
-    name = wanted["metadata"]["name"]
-    svc = ctx.kube.get(ctx.namespace, KIND, name)
-    if svc is None:
-        svc = create_child(ctx, state, wanted)
-        if svc is not None:
-            ctx.event("ServiceCreated", f"created Service {name} for the model's owners")
-    elif not ch.is_recorded(state.children, svc):
-        if adoptable(svc, ctx.uid):
-            state.record_child(dict(svc, kind=KIND, apiVersion="v1"))
-        else:
-            svc = None
-    if svc is None:
-        ctx.event("ServiceNameTaken", f"Service {name} exists and is not this model's: "
-                                      "applications cannot reach the model by it", warning=True)
-        return ""
-    for rec in ch.of_kind(state.children, KIND):   # one Service per model: older ones went away
-        if rec["uid"] != svc["metadata"]["uid"]:
-            state.forget_child(rec["uid"])
-    if (svc.get("spec") or {}).get("ports") != wanted["spec"]["ports"]:
-        ctx.kube.patch(ctx.namespace, KIND, name, {"spec": {"ports": wanted["spec"]["ports"]}})
-    return endpoint(ctx.name, ctx.namespace, spec)
+    svc = ensure_companion(ctx, state, build_service(ctx.name, ctx.uid, spec), ("ports",))
+    return endpoint(ctx.name, ctx.namespace, spec) if svc is not None else ""

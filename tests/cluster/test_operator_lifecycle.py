@@ -55,8 +55,8 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         def recorded():
             m = api.model("npu-lm")
             kids = {(c["kind"], c["name"]): c["uid"] for c in (m.get("status") or {}).get("children") or []}
-            return len(kids) == 4 and m
-        m = wait_for(recorded, what="four recorded children")
+            return len(kids) == 5 and m
+        m = wait_for(recorded, what="five recorded children")
         kids = {(c["kind"], c["name"]): c["uid"] for c in m["status"]["children"]}
         assert kids[("Pod", "npu-lm-owner-0")] == pods[0].metadata.uid
         assert kids[("Secret", "npu-lm-owner-token")] == secret.metadata.uid
@@ -66,6 +66,10 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         port, = svc.spec.ports
         assert (port.name, port.port, port.target_port) == ("http", 8000, "http")
         assert svc.metadata.owner_references[0].uid == uid
+        pdb = api.custom.get_namespaced_custom_object("policy", "v1beta1", namespace,
+                                                      "poddisruptionbudgets", "npu-lm")
+        assert kids[("PodDisruptionBudget", "npu-lm")] == pdb["metadata"]["uid"]
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": svc.spec.selector}}
         m = wait_for(lambda: (api.model("npu-lm").get("status") or {}).get("ready") == "0/2"
                      and api.model("npu-lm"), what="status.ready 0/2")
         assert m["status"]["phase"] == "Pending" and m["status"]["observedGeneration"] == 1
@@ -92,13 +96,22 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         except ApiException as e:
             assert e.status == 404
         assert api.core.list_namespaced_service(namespace).items == []
+        assert api.custom.list_namespaced_custom_object("policy", "v1beta1", namespace,
+                                                        "poddisruptionbudgets")["items"] == []
 
 
-def test_the_service_follows_the_spec_and_comes_back_when_deleted(cluster, namespace):
+def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(cluster, namespace):
     api = Api(cluster, namespace)
+
+    def budget():
+        listed = api.custom.list_namespaced_custom_object("policy", "v1beta1", namespace,
+                                                          "poddisruptionbudgets")["items"]
+        return listed[0] if listed else {"spec": {}}
     with running_operator(namespace):
         api.create_model("tiny", SPEC)
         svc = wait_for(lambda: api.core.list_namespaced_service(namespace).items, what="Service")[0]
+        api.patch_spec("tiny", {"transition": {"maxUnavailable": 2}})
+        wait_for(lambda: budget()["spec"].get("maxUnavailable") == 2, what="the budget follows maxUnavailable")
         api.patch_spec("tiny", {"serving": {"port": 8443}})
         wait_for(lambda: api.core.read_namespaced_service("tiny", namespace).spec.ports[0].port == 8443
                  and api.model("tiny")["status"].get("endpoint") == f"http://tiny.{namespace}.svc:8443",
@@ -178,7 +191,8 @@ def test_same_named_pod_of_someone_else_is_never_deleted(cluster, namespace):
         api.create_model("tiny", SPEC)
         first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
         assert first.metadata.name == "tiny-owner-0"
-        wait_for(lambda: len((api.model("tiny").get("status") or {}).get("children") or []) == 2,
+        wait_for(lambda: any(c["kind"] == "Pod" and c["uid"] == first.metadata.uid
+                             for c in (api.model("tiny").get("status") or {}).get("children") or []),
                  what="the Pod recorded")
     # while the operator is down, someone deletes the owner Pod and creates their own Pod
     # under the same name (the operator's record still names the old UID)
@@ -203,7 +217,8 @@ def test_deleting_a_model_spares_a_same_named_successor_of_its_pod(cluster, name
     with running_operator(namespace):
         api.create_model("tiny", SPEC)
         first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
-        wait_for(lambda: len((api.model("tiny").get("status") or {}).get("children") or []) == 2,
+        wait_for(lambda: any(c["kind"] == "Pod" and c["uid"] == first.metadata.uid
+                             for c in (api.model("tiny").get("status") or {}).get("children") or []),
                  what="the Pod recorded")
     # operator down: the Pod is swapped for someone else's, then the model is deleted
     api.core.delete_namespaced_pod("tiny-owner-0", namespace)

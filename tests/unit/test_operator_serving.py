@@ -33,3 +33,12 @@ def test_service_names_are_dns_1035_labels():
     assert service_name("3b-model") == "m-3b-model"
     long = service_name("a" * 80)
     assert len(long) <= 63 and long[0].isalpha()
+
+
+def test_disruption_budget_bounds_evictions_by_max_unavailable():
+    from resident_operator.disruption import build_disruption_budget
+    pdb = build_disruption_budget("tiny", "uid-1", spec(transition={"maxUnavailable": 2}), "policy/v1")
+    assert (pdb["apiVersion"], pdb["kind"], pdb["metadata"]["name"]) == \
+        ("policy/v1", "PodDisruptionBudget", "tiny")
+    assert pdb["spec"] == {"maxUnavailable": 2, "selector": {"matchLabels": {
+        naming.LABEL_MODEL_UID: "uid-1", naming.LABEL_COMPONENT: naming.COMPONENT_OWNER}}}
