@@ -6,7 +6,9 @@ its chunks' sha256 checked, widening BF16 to float32 once into the graph's weigh
 tensors are exposed to :mod:`owner.inplace` as BF16 bit patterns, which float32 values
 widened from BF16 give back exactly, so in-place verification compares the exact bytes
 the bundle holds. Reload closes the old revision before reading the new one and keeps
-the compiled graph, weight buffers included, when the target's graph digest is unchanged.
+the compiled graph, weight buffers included, when the target's graph digest is unchanged;
+when only the graph changed (same weights digest), the new graph is bound to the weight
+buffers already filled and no weights file is read again.
 """
 
 from __future__ import annotations
@@ -46,23 +48,30 @@ class CpuBackend:
         return self._load(revision, keep=None)
 
     def reload(self, revision: Revision) -> LoadReport:
-        """Close the old runtime first; keep its compiled graph if the graph digest matches."""
+        """Close the old runtime first; keep its compiled graph if the graph digest matches,
+        else keep its filled weight arena if only the graph changed (same weights digest)."""
         keep = self.graph if self.graph and self.graph.digest == revision.manifest.graph_digest else None
+        same_weights = (keep is None and self.revision is not None
+                        and self.revision.manifest.weights_digest == revision.manifest.weights_digest)
+        filled = (self.weights, self._layouts) if same_weights else None
         self.close()
-        return self._load(revision, keep)
+        return self._load(revision, keep, filled)
 
     def close(self) -> None:
         self.revision, self.decoder, self.graph = None, None, None
         self.weights, self._layouts = {}, {}
 
-    def _load(self, rev: Revision, keep: CompiledGraph | None) -> LoadReport:
+    def _load(self, rev: Revision, keep: CompiledGraph | None,
+              filled: tuple[dict[str, np.ndarray], dict[str, Layout]] | None = None) -> LoadReport:
         m = rev.manifest
         t0 = time.perf_counter()
         try:
-            graph = keep or self._compile(rev)
+            graph = keep or self._compile(rev, filled[0] if filled else None)
             t1 = time.perf_counter()
             loaded, layouts = set(), {}
-            for entry in m.files_with(Role.weights):
+            if filled and graph.weights is filled[0]:   # the same verified bytes, already resident
+                loaded, layouts = set(graph.weights), filled[1]
+            for entry in ([] if loaded else m.files_with(Role.weights)):
                 mm = map_verified(rev, entry)
                 try:
                     layout = parse_layout(mm, entry.size)
@@ -85,14 +94,14 @@ class CpuBackend:
         self.revision = rev
         return LoadReport(time.perf_counter() - t1, t1 - t0, keep is not None)
 
-    def _compile(self, rev: Revision) -> CompiledGraph:
+    def _compile(self, rev: Revision, weights: dict[str, np.ndarray] | None = None) -> CompiledGraph:
         m = rev.manifest
         graphs = m.files_with(Role.graph)
         configs = [f for f in m.files_with(Role.config) if f.path.endswith("config.json")]
         if len(graphs) != 1 or len(configs) != 1:
             raise BackendError("the cpu backend needs exactly one graph file and one config.json")
         return compile_graph(bytes(read_verified(rev, graphs[0])), bytes(read_verified(rev, configs[0])),
-                             m.graph_digest)
+                             m.graph_digest, weights)
 
     # -- serving -----------------------------------------------------------------
     def describe(self) -> Description:
