@@ -357,3 +357,18 @@ def test_metrics_count_requests_tokens_and_latency_by_revision(volume):
                      f'resident_owner_inference_request_duration_seconds_count{{revision="{whole}"}} 1.0',
                      'resident_owner_ready 1.0'):
             assert line in text, line
+
+
+class GenerateOnlyCpuBackend(CpuBackend):
+    """Test-only: a backend that cannot stream (as a backend offering only ``generate``)."""
+    generate_stream = None
+
+
+def test_a_backend_without_streaming_still_answers_streams_in_one_piece(volume, reference):
+    vol, d = volume
+    with serving(vol, GenerateOnlyCpuBackend()) as o:
+        with o.complete({"prompt": PROMPT, "max_tokens": 8, "stream": True}, stream=True) as r:
+            events = sse_events(r)
+        assert [e["choices"][0]["text"] for e in events] == [reference[d["base"]], ""]
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert o.complete().json()["choices"][0]["text"] == reference[d["base"]]
