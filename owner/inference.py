@@ -26,8 +26,6 @@ from .runtime import Owner, Refused
 from .server import bearer_matches
 
 REVISION_HEADER = "Resident-Revision"
-ERROR_TYPES = {401: "invalid_request_error", 404: "invalid_request_error", 503: "service_unavailable",
-               500: "server_error"}
 
 
 class ApiError(Refused):
@@ -51,7 +49,7 @@ class InferenceHandler(OwnerHandler):
 
     def _refuse(self, e: Refused) -> None:
         code = e.status
-        kind = ERROR_TYPES.get(code, "invalid_request_error" if code < 500 else "server_error")
+        kind = "invalid_request_error" if code < 500 else "service_unavailable" if code == 503 else "server_error"
         body = oa.ErrorResponse(error=oa.ErrorBody(message=str(e), type=kind, param=getattr(e, "param", None),
                                                    code=getattr(e, "code", None)))
         headers = {"WWW-Authenticate": 'Bearer realm="resident-inference"'} if code == 401 else {}
@@ -126,7 +124,8 @@ class InferenceHandler(OwnerHandler):
     def _completions(self) -> None:
         req = self._request()
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        with self.owner.serving() as self.revision:
+        with self.owner.serving() as revision:
+            self.revision = revision
             pieces = stream(self.owner.backend, req.prompt, req.tokens_asked)
             with closing(pieces):
                 try:
