@@ -19,8 +19,8 @@ import threading
 
 from . import jsonlog
 from .backends import REGISTRY, BackendError, create_backend
-from .runtime import Owner, StartupError
 from .inference import make_inference_server
+from .runtime import Owner, StartupError
 from .server import make_server, read_token
 
 log = logging.getLogger("resident.owner")
