@@ -42,6 +42,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "image.pullPolicy": {"enum": ["IfNotPresent", "Always", "Never"]},
     "imagePullSecrets": NAMED_ITEMS,
     "operator.logLevel": {"enum": ["DEBUG", "INFO"]},
+    "operator.replicas": {"minimum": 1, "maximum": 5},
     "operator.bindAddress": BIND_ADDRESS,
     "operator.healthPort": PORT,
     "operator.metricsPort": PORT,

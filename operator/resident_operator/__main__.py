@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import threading
 
 # kopf ends the whole operator when a watch stream fails with an error it does not retry,
 # e.g. a 404 from an API server that restarted and does not serve custom resources yet,
@@ -24,6 +27,9 @@ conditions, runs transitions when spec.bundle changes, and cleans up by UID.
 It is event-driven: a model is looked at when its spec, one of its owner Pods, its token
 Secret or one of its BundleDeliveries changes, or when an owner finishes a transition;
 each step of a transition follows the previous one at once.
+
+With --leader-elect, replicas elect one active operator through a Lease (docs/operator.md,
+"High availability"); a standby takes over within about 17 s of the leader's death.
 
 Installation settings come from the environment:
   RESIDENT_OWNER_IMAGE               owner image when spec.runtime.image is empty
@@ -52,6 +58,13 @@ def parser() -> argparse.ArgumentParser:
                    help="address of the metrics server (default 127.0.0.1; 0.0.0.0 in a Pod)")
     p.add_argument("--liveness", default=None, metavar="URL",
                    help="kopf liveness endpoint, e.g. http://127.0.0.1:8081/healthz")
+    p.add_argument("--leader-elect", action="store_true",
+                   help="run kopf only while holding a coordination.k8s.io Lease, so that "
+                        "several replicas can run with one active (the others wait as standbys)")
+    p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                   help="namespace of the Lease (default $POD_NAMESPACE, else default)")
+    p.add_argument("--leader-election-id", default="resident-operator",
+                   help="name of the Lease (default resident-operator)")
     p.add_argument("--log-format", choices=("json", "plain"), default="json",
                    help="json lines (default) or plain text")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -78,6 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=REGISTRY)
     handlers.EXIT_AFTER_CLEANUP_SECONDS = EXIT_GRACE_SECONDS
+    leadership = None
+    if args.leader_elect:
+        from .kube import load_config
+        from .leadership import Leadership
+        leadership = Leadership(load_config(), args.leader_election_namespace, args.leader_election_id)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        if not leadership.acquire(stop):
+            return 0   # stopped while waiting as a standby
+        leadership.keep(stop)
+        for sig in (signal.SIGTERM, signal.SIGINT):   # kopf installs its own handlers
+            signal.signal(sig, signal.SIG_DFL)
     try:
         kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
                  liveness_endpoint=args.liveness)
@@ -86,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             "the operator stopped on an error; exiting so that it is started again",
             exc_info=True, extra={"error": f"{type(e).__name__}: {e}"})
         return 1
+    finally:
+        if leadership is not None:
+            stop.set()              # no renewal after the release
+            leadership.release()
     return 0   # stopped by a signal
 
 

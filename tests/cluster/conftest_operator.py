@@ -76,10 +76,10 @@ def running_operator(namespace: str, **env: str):
 
 
 @contextmanager
-def operator_process(namespace: str, log_path: Path, **env: str):
+def operator_process(namespace: str, log_path: Path, args: tuple[str, ...] = (), **env: str):
     """The operator as its own process (``resident operator``), so a test can SIGKILL it."""
     cmd = [sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_cli.main())",
-           "operator", "-n", namespace, "--metrics-port", "0"]
+           "operator", "-n", namespace, "--metrics-port", "0", *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **OPERATOR_ENV, **env})

@@ -137,13 +137,17 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
     try:
         assert installed["status"] == "deployed" and installed["version"] == 1
 
-        # -- operator: one replica, Recreate, kopf liveness, restricted --------------------
+        # -- operator: one replica, leader election, kopf liveness, restricted -------------
         deploy = get(cluster, "deployment", "-n", namespace, f"{full}-operator")
-        assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+        assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "RollingUpdate"
         pod_spec = deploy["spec"]["template"]["spec"]
         op = containers(pod_spec)["operator"]
         assert op["args"][:2] == ["operator", "--all-namespaces"] and "--verbose" not in op["args"]
-        assert {"--liveness=http://$(POD_IP):8080/healthz", "--metrics-host=$(POD_IP)"} <= set(op["args"])
+        assert {"--liveness=http://$(POD_IP):8080/healthz", "--metrics-host=$(POD_IP)", "--leader-elect",
+                f"--leader-election-namespace={namespace}",
+                f"--leader-election-id={full}-operator"} <= set(op["args"])
+        role = get(cluster, "role", "-n", namespace, f"{full}-operator-leader")
+        assert role["rules"][1]["resourceNames"] == [f"{full}-operator"]
         assert op["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
         assert {p["name"]: p["containerPort"] for p in op["ports"]} == {"health": 8080, "metrics": 9090}
         env = {e["name"]: e.get("value") for e in op["env"]}

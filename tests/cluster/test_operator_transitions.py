@@ -10,8 +10,10 @@ real owner answers.
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
+from kubernetes import client
 
 from bundle.demo import make_demo, make_revision
 from localcluster.processes import free_port
@@ -259,6 +261,40 @@ def test_operator_killed_mid_transition_resumes_without_duplicates(cluster, name
     assert api.reasons("lm").count("TransitionPlanned") == 1
     assert api.reasons("lm").count("DeliveryCreated") == 1
     assert len(api.pods("resident.dev/model=lm")) == 1
+
+
+def test_a_standby_takes_over_a_killed_leader_and_finishes_its_transition(
+        cluster, namespace, node, bundles, tmp_path):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    elect = ("--leader-elect", "--leader-election-namespace", namespace)
+    leases = client.CoordinationV1Api(cluster.api_client())
+
+    def holder():
+        try:
+            lease = leases.read_namespaced_lease("resident-operator", namespace)
+        except Exception:  # noqa: BLE001 - not created yet
+            return None
+        return lease.spec.holder_identity
+
+    with operator_process(namespace, tmp_path / "a.log", elect) as a:
+        first = wait_for(holder, what="a leader")
+        with operator_process(namespace, tmp_path / "b.log", elect) as b:
+            api.create_model("lm", spec_for(bundles, "base", port))
+            wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
+            assert holder() == first and b"acquired" not in (tmp_path / "b.log").read_bytes()
+            node.stage_deliveries.clear()
+            api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+            wait_for(lambda: deliveries(api), what="the transition's delivery")
+            leader = a if b"acquired" in (tmp_path / "a.log").read_bytes() else b
+            leader.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            wait_for(lambda: holder() not in (None, first), timeout=30, what="the standby to take over")
+            assert time.monotonic() - killed < 30
+            node.stage_deliveries.set()
+            s = wait_for(lambda: ready_on(api, d["rows"]), timeout=60, what="the transition finished")
+    assert s["lastTransition"]["result"] == "succeeded"
+    assert api.reasons("lm").count("TransitionPlanned") == 1
 
 
 def test_spec_change_during_a_transition_is_queued(cluster, namespace, node, bundles):

@@ -1,0 +1,168 @@
+"""Leader election: one active operator among replicas, by a coordination.k8s.io Lease.
+
+With ``--leader-elect`` every replica of ``resident operator`` first tries to hold the
+Lease ``<id>`` in its namespace, and only the holder runs kopf; the others wait as
+standbys. The rules are client-go's:
+
+- The holder renews the Lease every ``retry`` seconds. If it has not renewed for
+  ``renew_deadline`` seconds (API server unreachable, lost a race), it exits at once with
+  status 1 and kubelet restarts it as a standby: it stops acting before anyone else may
+  take over.
+- A standby takes the Lease over when its record (holder and renew time) has not changed
+  for ``lease_duration`` seconds *as measured on the standby's own clock*, so clock skew
+  between nodes does not matter. Writes carry the resourceVersion read, so of two
+  standbys racing for it one wins and the other sees a conflict.
+- A holder that stops cleanly (SIGTERM) releases the Lease, and a standby takes over at
+  its next try instead of waiting for expiry.
+
+Every model's durable state is in its status, so the new leader resumes each model,
+transitions in flight included, where the old one left it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger("resident_operator")
+
+
+def default_identity() -> str:
+    """The Pod's name when it runs in one (a hostname), made unique per process."""
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def _micro_time(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Leadership:
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, name: str,
+                 identity: str | None = None, lease_duration: float = 15.0,
+                 renew_deadline: float = 10.0, retry: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not retry < renew_deadline < lease_duration:
+            raise ValueError("leader election needs retry < renew deadline < lease duration")
+        self.api = kubernetes.client.CoordinationV1Api(api)
+        self.namespace, self.name = namespace, name
+        self.identity = identity or default_identity()
+        self.lease_duration, self.renew_deadline, self.retry = lease_duration, renew_deadline, retry
+        self.clock = clock
+        self._observed: tuple[tuple[Any, Any], float] | None = None   # (record, local time seen)
+
+    # -- one attempt -----------------------------------------------------------------
+    def try_hold(self) -> bool:
+        """Acquire or renew the Lease once; True if this process holds it now."""
+        try:
+            lease = self._read()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return self._write("create", self._fresh_lease())
+        spec = lease.setdefault("spec", {})
+        record = (spec.get("holderIdentity"), spec.get("renewTime"))
+        now = self.clock()
+        if self._observed is None or self._observed[0] != record:
+            self._observed = (record, now)
+        holder = spec.get("holderIdentity")
+        if holder and holder != self.identity and now - self._observed[1] < self.lease_duration:
+            return False           # held by someone alive
+        stamp = _micro_time(datetime.now(timezone.utc))
+        if holder != self.identity:
+            spec.update(acquireTime=stamp, leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1)
+        spec.update(holderIdentity=self.identity, renewTime=stamp,
+                    leaseDurationSeconds=int(self.lease_duration))
+        return self._write("replace", lease)
+
+    def release(self) -> None:
+        """Give the Lease up if this process holds it (a clean stop)."""
+        try:
+            lease = self._read()
+            if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            lease["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
+            self._write("replace", lease)
+            log.info("leader election: released", extra={"lease": self.where, "identity": self.identity})
+        except ApiException as e:
+            log.warning("leader election: could not release", extra={"lease": self.where, "error": str(e)})
+
+    # -- loops -----------------------------------------------------------------------
+    def acquire(self, stop: threading.Event) -> bool:
+        """Block until this process holds the Lease (True) or ``stop`` is set (False)."""
+        log.info("leader election: waiting for the lease", extra={"lease": self.where,
+                                                                  "identity": self.identity})
+        while not stop.is_set():
+            try:
+                if self.try_hold():
+                    log.info("leader election: acquired", extra={"lease": self.where,
+                                                                 "identity": self.identity})
+                    return True
+            except (ApiException, OSError) as e:
+                log.warning("leader election: cannot reach the lease", extra={"error": str(e)})
+            stop.wait(self.retry)
+        return False
+
+    def keep(self, stop: threading.Event, lost: Callable[[], None] | None = None) -> threading.Thread:
+        """Renew in a thread until ``stop``; call ``lost`` (default: exit 1 now) if renewal
+        failed for ``renew_deadline`` seconds."""
+        def renew() -> None:
+            held_at = self.clock()
+            while not stop.wait(self.retry):
+                try:
+                    if self.try_hold():
+                        held_at = self.clock()
+                        continue
+                except (ApiException, OSError) as e:
+                    log.warning("leader election: renewal failed", extra={"error": str(e)})
+                if self.clock() - held_at >= self.renew_deadline:
+                    log.error("leader election: lost the lease; stopping at once",
+                              extra={"lease": self.where, "identity": self.identity})
+                    (lost or _exit_now)()
+                    return
+        thread = threading.Thread(target=renew, name="leader-election", daemon=True)
+        thread.start()
+        return thread
+
+    # -- the API ---------------------------------------------------------------------
+    @property
+    def where(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def _read(self) -> dict[str, Any]:
+        return json.loads(self.api.read_namespaced_lease(self.name, self.namespace,
+                                                         _preload_content=False).data)
+
+    def _fresh_lease(self) -> dict[str, Any]:
+        stamp = _micro_time(datetime.now(timezone.utc))
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration),
+                         "acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 0}}
+
+    def _write(self, verb: str, lease: dict[str, Any]) -> bool:
+        """Create or replace (with the resourceVersion read); False if another won the race."""
+        try:
+            if verb == "create":
+                self.api.create_namespaced_lease(self.namespace, lease, _preload_content=False)
+            else:
+                self.api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+
+def _exit_now() -> None:
+    logging.shutdown()
+    os._exit(1)
