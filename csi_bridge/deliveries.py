@@ -152,6 +152,8 @@ class DeliveryWatcher:
             self._fail(obj, gen, "InternalError", f"{type(e).__name__}: {e}")
         finally:
             self.bridge.metrics.stage_seconds.labels(result).observe(time.monotonic() - t0)
+            if result in ("staged", "failed"):  # a new revision, or a store that ran full
+                self.bridge.collector.collect()
             with self._lock:
                 self._inflight.discard(uid)
 
