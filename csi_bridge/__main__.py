@@ -86,6 +86,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gc-interval", type=float, default=300.0,
                    help="seconds between GC passes (GC also runs after each unpublish, each new "
                         "revision published or staged, and a delivery that ran out of space)")
+    p.add_argument("--delivery-retry-seconds", type=float, default=5.0,
+                   help="seconds before a Failed BundleDelivery is staged again; doubled after "
+                        "each failed attempt (a spec that cannot be staged is not retried)")
+    p.add_argument("--delivery-retry-max-seconds", type=float, default=300.0,
+                   help="the longest wait between two attempts of a Failed BundleDelivery")
     p.add_argument("--orphan-grace", type=float, default=600.0,
                    help="seconds after which a publish interrupted by a crash, whose Pod has "
                         "since been deleted, is released (needs API access)")
@@ -132,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             gc_low_water_bytes=args.gc_low_water_bytes, gc_interval_seconds=args.gc_interval,
             gc_high_water_percent=args.gc_high_water_percent,
             gc_low_water_percent=args.gc_low_water_percent,
-            orphan_grace_seconds=args.orphan_grace))
+            orphan_grace_seconds=args.orphan_grace,
+            delivery_retry_seconds=args.delivery_retry_seconds,
+            delivery_retry_max_seconds=args.delivery_retry_max_seconds))
         bridge.start()
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)

@@ -59,6 +59,8 @@ class BridgeConfig:
     gc_low_water_percent: float | None = None
     gc_interval_seconds: float = 300.0
     orphan_grace_seconds: float = 600.0   # half-publishes of deleted Pods (needs api_client)
+    delivery_retry_seconds: float = 5.0   # first wait before a Failed delivery is staged again
+    delivery_retry_max_seconds: float = 300.0  # the doubling waits stop growing here
     extra: dict = field(default_factory=dict)
 
 
@@ -179,7 +181,9 @@ class Bridge:
             if c.api_client is None:
                 raise ValueError("watching BundleDeliveries needs API access (a kubeconfig)")
             from .deliveries import DeliveryWatcher
-            self.watcher = DeliveryWatcher(self, c.api_client)
+            from .retries import Backoff
+            self.watcher = DeliveryWatcher(self, c.api_client, backoff=Backoff(
+                c.delivery_retry_seconds, c.delivery_retry_max_seconds))
             self.watcher.start()
         log.info("bridge serving", extra={"target": str(self.socket), "phase": "started",
                                           "gc_watermarks_bytes": self.collector.watermarks(),

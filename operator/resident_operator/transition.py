@@ -174,6 +174,8 @@ def advance(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, *, now:
     if p.step in (Step.done, Step.failed):
         return Decision(p)
     if p.step != Step.waiting and p.started_at is not None and now - p.started_at > timeout_seconds:
+        if p.step == Step.delivering and p.reason == "DeliveryFailed":  # the bridge kept failing
+            return _fail(p, now, "DeliveryFailed", f"{p.message}; gave up after {timeout_seconds:.0f}s")
         return _fail(p, now, "Timeout", f"owner {p.pod} did not finish step {p.step.value} "
                                         f"within {timeout_seconds:.0f}s")
     if p.step in (Step.delivering, Step.applying, Step.verifying) and not obs.pod_exists:
@@ -201,11 +203,13 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
     d = obs.delivery
     if d is None:
         return Decision(p, [Action.create_delivery])
+    why = f"delivery {p.delivery} failed: {d.reason or 'no reason'} {d.message}".strip()
     if d.failed:
-        return _fail(p, now, "DeliveryFailed",
-                     f"delivery {p.delivery} failed: {d.reason or 'no reason'} {d.message}".strip())
+        return _fail(p, now, "DeliveryFailed", why)
+    if d.retrying:  # the bridge tries again; the model says why meanwhile (rollout's blocker)
+        return Decision(p.model_copy(update={"reason": "DeliveryFailed", "message": why}))
     if d.staged:
-        p = _to(p, Step.applying, delivered_at=now, method=d.method,
+        p = _to(p, Step.applying, delivered_at=now, method=d.method, reason="", message="",
                 staging_seconds=d.duration_seconds or None,
                 bytes=Bytes(fetched=d.fetched, reused=d.reused, written=d.written))
         return Decision(p, [Action.start_owner_transition])
