@@ -363,3 +363,34 @@ def test_a_delivery_whose_spec_cannot_be_staged_is_not_retried(world):
         assert get_delivery(w)["status"]["attempts"] == 1
     finally:
         bridge.stop()
+
+
+def test_a_delivery_the_store_has_no_room_for_fails_with_the_cause_and_keeps_the_volume(world):
+    from bundle.loopfs import loop_filesystem
+
+    w = world
+    big = make_bundle(w.tmp / "big", {"w.safetensors": os.urandom(12 << 20), "graph.onnx": b"big"})
+    with loop_filesystem("ext4", 8 << 20) as mnt:
+        bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                                     root=mnt / "data", authorize="api", api_client=w.api,
+                                     deliveries=True, private_metrics=True)).start()
+        try:
+            with CsiClient(w.tmp / "csi.sock") as c:
+                c.node.NodePublishVolume(publish_req(w))
+            w.custom.create_namespaced_custom_object(G, V, w.ns, "bundledeliveries", {
+                "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": "d1"},
+                "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
+                         "model": "m", "bundle": {"source": f"file://{w.tmp}/big", "digest": big},
+                         "path": "WholeBundle"}})
+            st = wait_for(lambda: staged(w), what="Failed")["status"]
+            assert (st["phase"], st["reason"]) == ("Failed", "StoreFull")
+            assert f"no space in the node store for {big} ({(12 << 20) + 3} bytes)" in st["message"]
+            assert st["nextAttemptTime"]                       # GC or a larger disk may help later
+            assert bridge.store.revisions() == [w.d1]          # nothing lost, nothing partial
+            assert os.readlink(w.target / "current") == "revisions/" + w.d1.replace(":", "-")
+            assert (w.target / "current" / "graph.onnx").read_bytes() == V1["graph.onnx"]
+            w.custom.delete_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1")
+            wait_for(lambda: get_delivery(w) is None, what="delivery deleted")
+        finally:
+            bridge.stop()
+            cleanup_mounts(w.tmp)
