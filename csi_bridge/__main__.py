@@ -115,10 +115,10 @@ def api_client(kubeconfig: str | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from . import logs
+    from bundle import jsonlog
     from .server import Bridge, BridgeConfig
 
-    logs.configure(args.log_level)
+    jsonlog.configure(args.log_level)
     log = logging.getLogger("resident.bridge")
     if not args.node_id:
         print("resident bridge: --node-id (or NODE_NAME) is required", file=sys.stderr)
