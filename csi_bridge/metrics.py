@@ -34,6 +34,9 @@ class BridgeMetrics:
         self.stage_seconds = Histogram(
             "resident_stage_duration_seconds", "BundleDelivery staging duration by result",
             ["result"], buckets=BUCKETS, registry=r)
+        self.fetch_failures = Counter(
+            "resident_fetch_failures_total", "Failed fetches of a revision for a publish, by the "
+            "gRPC code the publish answers", ["code"], registry=r)
         self.leases = Gauge("resident_store_leases", "Leases held in the node store (volumes and deliveries)",
                             registry=r)
         self.publications = Gauge("resident_published_volumes", "Volumes published on this node",

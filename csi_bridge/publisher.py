@@ -186,6 +186,7 @@ class Publisher:
         except BaseException as e:
             err = failure_of(job, e)
             self.state.record_fetch_failure(job.digest, job.source, err.code.name, err.message)
+            self.metrics.fetch_failures.labels(err.code.name).inc()
             log.warning("fetch failed", extra={
                 "digest": job.digest, "source": job.source, "code": err.code.name,
                 "error": err.message, "bytes": job.bytes_done, "bytes_total": job.bytes_total,

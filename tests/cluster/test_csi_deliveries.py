@@ -61,12 +61,13 @@ def publish_req(w, ns=None, volume="csi-1", target=None):
                            namespace=ns or w.ns, pod="owner-0", pod_uid=w.pod.metadata.uid, model="m")
 
 
-def delivery(w, name="d1", path="GraphOnly"):
+def delivery(w, name="d1", path="GraphOnly", source=None, digest=None, **spec):
     return w.custom.create_namespaced_custom_object(G, V, w.ns, "bundledeliveries", {
         "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": name},
         "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
-                 "model": "m", "bundle": {"source": f"file://{w.tmp}/v2", "digest": w.d2},
-                 "path": path}})
+                 "model": "m", "bundle": {"source": source or f"file://{w.tmp}/v2",
+                                          "digest": digest or w.d2},
+                 "path": path, **spec}})
 
 
 def wait_for(fn, timeout=40.0, what="condition"):
@@ -313,10 +314,7 @@ def test_a_failed_delivery_is_retried_with_backoff_until_the_source_returns(worl
         with CsiClient(w.tmp / "csi.sock") as c:
             c.node.NodePublishVolume(publish_req(w))
         watcher.start()
-        w.custom.create_namespaced_custom_object(G, V, w.ns, "bundledeliveries", {
-            "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": "d1"},
-            "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
-                     "model": "m", "bundle": {"source": source, "digest": w.d2}, "path": "GraphOnly"}})
+        delivery(w, source=source)
         failed = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("attempts", 0) >= 2
                                    and o["status"]["phase"] == "Failed" else None)(get_delivery(w)),
                           what="a second failed attempt")
@@ -351,11 +349,7 @@ def test_a_delivery_whose_spec_cannot_be_staged_is_not_retried(world):
     try:
         with CsiClient(w.tmp / "csi.sock") as c:
             c.node.NodePublishVolume(publish_req(w))
-        w.custom.create_namespaced_custom_object(G, V, w.ns, "bundledeliveries", {
-            "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": "d1"},
-            "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
-                     "model": "m", "bundle": {"source": f"file://{w.tmp}/v2", "digest": w.d2},
-                     "path": "GraphOnly", "donor": "sha256:" + "0" * 64}})  # a donor the node lacks
+        delivery(w, donor="sha256:" + "0" * 64)           # a donor the node lacks
         st = wait_for(lambda: staged(w), what="Failed")["status"]
         assert (st["phase"], st["reason"], st["attempts"]) == ("Failed", "PlanRefused", 1)
         assert "nextAttemptTime" not in st and "not retried" in st["message"]
@@ -377,11 +371,7 @@ def test_a_delivery_the_store_has_no_room_for_fails_with_the_cause_and_keeps_the
         try:
             with CsiClient(w.tmp / "csi.sock") as c:
                 c.node.NodePublishVolume(publish_req(w))
-            w.custom.create_namespaced_custom_object(G, V, w.ns, "bundledeliveries", {
-                "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": "d1"},
-                "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
-                         "model": "m", "bundle": {"source": f"file://{w.tmp}/big", "digest": big},
-                         "path": "WholeBundle"}})
+            delivery(w, path="WholeBundle", source=f"file://{w.tmp}/big", digest=big)
             st = wait_for(lambda: staged(w), what="Failed")["status"]
             assert (st["phase"], st["reason"]) == ("Failed", "StoreFull")
             assert f"no space in the node store for {big} ({(12 << 20) + 3} bytes)" in st["message"]

@@ -86,6 +86,8 @@ def test_a_missing_manifest_answers_unavailable_naming_the_404(env):
     assert_nothing_published(env)
     refusal(env, env.uri)
     assert env.bridge.state.fetch_failure(env.digest).failures == 2
+    assert env.bridge.metrics.registry.get_sample_value(
+        "resident_fetch_failures_total", {"code": "UNAVAILABLE"}) == 2
 
 
 def test_a_refused_connection_answers_unavailable_naming_it(env):
