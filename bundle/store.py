@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from .catalog import Catalog
 from .errors import PlanError, StoreError, StoreFull
@@ -42,9 +42,15 @@ from .reflink import supports_reflink
 from . import leases as leasing, reclaim, store_metrics as metrics, throughput
 from .leases import Lease
 
-__all__ = ["Store", "MaterializeResult", "Lease"]
+__all__ = ["Store", "MaterializeResult", "FilesystemBytes", "Lease"]
 log = logging.getLogger("resident.bundle.store")
 TREE_DIR_MODE = 0o555
+
+
+class FilesystemBytes(NamedTuple):
+    size: int
+    used: int
+    available: int   # for unprivileged writers; ``df``'s Use% is used / (used + available)
 
 
 @dataclass(frozen=True)
@@ -135,10 +141,11 @@ class Store:
         """What GC could remove if it ran now with a low watermark of 0 (unleased content)."""
         return self.catalog.reclaimable_bytes()
 
-    def filesystem_bytes(self) -> tuple[int, int]:
-        """(size, available) of the filesystem the store is on, in bytes."""
+    def filesystem_bytes(self) -> FilesystemBytes:
+        """Size, used and available bytes of the filesystem the store is on, as ``df`` says."""
         st = os.statvfs(self.root)
-        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        return FilesystemBytes(st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize,
+                               st.f_bavail * st.f_frsize)
 
     def revisions(self) -> list[str]:
         return sorted(self.catalog.ready_revisions())
@@ -218,7 +225,7 @@ class Store:
 
     def _no_space(self, manifest: Manifest, cause: BaseException) -> StoreFull:
         """StoreFull naming the revision's size, the filesystem's and what GC could free."""
-        size, _ = self.filesystem_bytes()
+        size = self.filesystem_bytes().size
         try:
             held = (f"the store holds {self.usage_bytes()} bytes, "
                     f"{self.reclaimable_bytes()} of them unleased (collectable)")

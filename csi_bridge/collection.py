@@ -7,9 +7,10 @@ low one. The watermarks are given either
 - in bytes of store content (``--gc-high-water-bytes``, ``--gc-low-water-bytes``), a
   fixed budget; or
 - as shares of the store filesystem (``--gc-high-water-percent``, what the chart sets
-  by default): GC runs when the *filesystem* is fuller than that share, whatever else
-  fills it, and frees store content until it is at the low share (as kubelet's image GC
-  does). Each pass turns the shares into store bytes from the filesystem's numbers then.
+  by default): GC runs when the *filesystem* is fuller than that share (``df``'s Use%:
+  used / (used + available)), whatever else fills it, and frees store content until it
+  is at the low share. Each pass turns the shares into store bytes from the
+  filesystem's numbers then.
 
 Bytes win when both are given; the low watermark defaults to 80% of the high one. The
 bridge collects every ``--gc-interval`` seconds, after each unpublish, after each new
@@ -59,10 +60,11 @@ class Collector:
             return self.high_bytes, self.low_bytes
         if self.high_percent is None:
             return None
-        size, available = self.store.filesystem_bytes()
-        others = max(0, size - available - self.store.usage_bytes())  # not the store's bytes
-        high = max(0, int(size * self.high_percent / 100) - others)
-        return high, min(high, max(0, int(size * self.low_percent / 100) - others))
+        fs = self.store.filesystem_bytes()
+        usable = fs.used + fs.available                    # df's Use% is used / usable
+        others = max(0, fs.used - self.store.usage_bytes())  # what is not the store's
+        high = max(0, int(usable * self.high_percent / 100) - others)
+        return high, min(high, max(0, int(usable * self.low_percent / 100) - others))
 
     def collect(self) -> list[str]:
         """One GC pass (no-op when disabled); returns the removed revision digests."""

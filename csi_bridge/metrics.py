@@ -58,8 +58,8 @@ class BridgeMetrics:
         self.publications.set_function(publications)
 
     def watch_store(self, store, collector) -> None:
-        self.capacity.set_function(lambda: store.filesystem_bytes()[0])
-        self.available.set_function(lambda: store.filesystem_bytes()[1])
+        self.capacity.set_function(lambda: store.filesystem_bytes().size)
+        self.available.set_function(lambda: store.filesystem_bytes().available)
         self.reclaimable.set_function(store.reclaimable_bytes)
         self.gc_high.set_function(lambda: (collector.watermarks() or (0, 0))[0])
         self.gc_low.set_function(lambda: (collector.watermarks() or (0, 0))[1])

@@ -49,12 +49,12 @@ def test_many_revisions_under_the_chart_default_watermarks_stay_under_the_high_o
                               gc_high_water_percent=CHART_GC["highWaterPercent"],
                               gc_low_water_percent=CHART_GC["lowWaterPercent"])
         try:
-            fs_size = bridge.store.filesystem_bytes()[0]
-            high_fill = fs_size * CHART_GC["highWaterPercent"] / 100
+            fs = bridge.store.filesystem_bytes()
+            fs_size, usable = fs.size, fs.used + fs.available
+            high_fill = usable * CHART_GC["highWaterPercent"] / 100
 
             def fill() -> int:
-                size, available = bridge.store.filesystem_bytes()
-                return size - available
+                return bridge.store.filesystem_bytes().used
 
             high = bridge.collector.watermarks()[0]   # in store bytes: the share less what else is there
             assert 0 < high <= high_fill and high > high_fill - 4 * MiB
