@@ -240,4 +240,4 @@ def test_a_retrying_delivery_keeps_the_owner_delivering_and_says_why():
     assert staged.progress.step == Step.applying and staged.progress.reason == ""
     late = step(t, d.progress, healthy(delivery=retrying), now=800.0, timeout=600)
     assert late.progress.step == Step.failed and late.progress.reason == "DeliveryFailed"
-    assert "no space" in late.progress.message and "gave up after 600s" in late.progress.message
+    assert "no space" in late.progress.message and "within 600s" in late.progress.message
