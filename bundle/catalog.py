@@ -204,6 +204,14 @@ class Catalog:
         with self.read() as db:
             return int(db.execute("SELECT COALESCE(SUM(size), 0) FROM blobs").fetchone()[0])
 
+    def reclaimable_bytes(self) -> int:
+        """Bytes GC could remove now: blobs no leased or staging revision refers to."""
+        with self.read() as db:
+            return int(db.execute(
+                "SELECT COALESCE(SUM(size), 0) FROM blobs WHERE key NOT IN "
+                "(SELECT key FROM revision_blobs WHERE digest IN (SELECT digest FROM leases) "
+                "OR digest IN (SELECT digest FROM revisions WHERE state='staging'))").fetchone()[0])
+
     # -- leases ---------------------------------------------------------------------
     def leases(self) -> list[tuple[str, str, int]]:
         with self.read() as db:

@@ -1,7 +1,13 @@
-"""Structured logs: one JSON object per line, with the ``extra=`` fields of each record.
+"""Structured logs for every component: one JSON object per line, the same field names.
 
-Code logs with ``log.info("materialized", extra={"digest": d, "bytes_fetched": n})``;
-:func:`configure` makes the root logger write those as JSON lines to stderr.
+Each line has ``ts`` (UTC, ISO 8601 with milliseconds), ``level``, ``logger`` and ``msg``,
+then every ``extra=`` field of the record, none dropped, and ``exc`` with the traceback
+when there is one. Code logs with ``log.info("materialized", extra={"digest": d,
+"bytes_fetched": n})``. A value that is not JSON (a path, an enum) is written as its
+``str()``. The bundle tools, the bridge, the owner and the operator all call
+:func:`configure` when they start: ``bundle`` is the one package every component imports,
+so this is the only formatter in the repository. A component that must leave something
+out (the operator drops kopf's routine success lines) passes a :class:`logging.Filter`.
 """
 
 from __future__ import annotations
@@ -10,8 +16,10 @@ import json
 import logging
 import sys
 import time
+from typing import Iterable, TextIO
 
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+BASE_FIELDS = ("ts", "level", "logger", "msg")
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
 class JSONLineFormatter(logging.Formatter):
@@ -31,9 +39,15 @@ class JSONLineFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
-def configure(level: int | str = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+def configure(level: int | str = logging.INFO, *, filters: Iterable[logging.Filter] = (),
+              stream: TextIO | None = None) -> logging.Handler:
+    """Send every record (the root logger's) to ``stream`` (stderr) as JSON lines."""
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JSONLineFormatter())
+    for f in filters:
+        handler.addFilter(f)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    logging.captureWarnings(True)  # Python warnings become log records too
+    return handler

@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from .catalog import Catalog
 from .errors import PlanError, StoreError, StoreFull
@@ -42,9 +42,15 @@ from .reflink import supports_reflink
 from . import leases as leasing, reclaim, store_metrics as metrics, throughput
 from .leases import Lease
 
-__all__ = ["Store", "MaterializeResult", "Lease"]
+__all__ = ["Store", "MaterializeResult", "FilesystemBytes", "Lease"]
 log = logging.getLogger("resident.bundle.store")
 TREE_DIR_MODE = 0o555
+
+
+class FilesystemBytes(NamedTuple):
+    size: int
+    used: int
+    available: int   # for unprivileged writers; ``df``'s Use% is used / (used + available)
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,16 @@ class Store:
     def usage_bytes(self) -> int:
         return self.catalog.usage_bytes()
 
+    def reclaimable_bytes(self) -> int:
+        """What GC could remove if it ran now with a low watermark of 0 (unleased content)."""
+        return self.catalog.reclaimable_bytes()
+
+    def filesystem_bytes(self) -> FilesystemBytes:
+        """Size, used and available bytes of the filesystem the store is on, as ``df`` says."""
+        st = os.statvfs(self.root)
+        return FilesystemBytes(st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize,
+                               st.f_bavail * st.f_frsize)
+
     def revisions(self) -> list[str]:
         return sorted(self.catalog.ready_revisions())
 
@@ -180,13 +196,15 @@ class Store:
                 tally = self._build(manifest, plan, source, work, donor_dir, progress)
                 self._publish(manifest, work / "tree", token)
                 published = True
+            except StoreFull as e:
+                raise self._no_space(manifest, e) from None
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise StoreFull(f"store filesystem is full materializing {digest}: {e}") from None
+                    raise self._no_space(manifest, e) from None
                 raise
             except sqlite3.OperationalError as e:
                 if "full" in str(e):
-                    raise StoreFull(f"store catalog is full materializing {digest}: {e}") from None
+                    raise self._no_space(manifest, e) from None
                 raise
             finally:
                 reclaim.remove_tree(work)  # first: frees space the catalog may need
@@ -204,6 +222,18 @@ class Store:
         except sqlite3.Error as e:
             log.warning("throughput not recorded: %s", e)
         return res
+
+    def _no_space(self, manifest: Manifest, cause: BaseException) -> StoreFull:
+        """StoreFull naming the revision's size, the filesystem's and what GC could free."""
+        size = self.filesystem_bytes().size
+        try:
+            held = (f"the store holds {self.usage_bytes()} bytes, "
+                    f"{self.reclaimable_bytes()} of them unleased (collectable)")
+        except sqlite3.Error:
+            held = "the store catalog is unreadable"
+        return StoreFull(f"no space in the node store for {manifest.digest} "
+                         f"({manifest.total_bytes} bytes) on a {size}-byte filesystem; {held}: "
+                         f"{cause}")
 
     def throughputs(self, source_uri: str | None) -> tuple[float | None, float | None]:
         """Measured bytes/s: (fetching from this source, copying locally); None if unknown."""

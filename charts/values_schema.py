@@ -36,6 +36,7 @@ ABSOLUTE_PATH = {"pattern": "^/", "minLength": 2}
 NAMED_ITEMS = {"items": {"type": "object", "required": ["name"],
                          "properties": {"name": {"type": "string", "minLength": 1}}}}
 OPEN = {"additionalProperties": True}
+PERCENT = {"type": "number", "exclusiveMinimum": 0, "maximum": 100}
 
 CONSTRAINTS: dict[str, dict[str, Any]] = {
     "image.repository": {"minLength": 1},
@@ -58,6 +59,11 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "operator.runAsUser": NON_ROOT_ID,
     "operator.runAsGroup": NON_ROOT_ID,
     "bridge.logLevel": LOG_LEVEL,
+    "bridge.gc.highWaterPercent": PERCENT,
+    "bridge.gc.lowWaterPercent": PERCENT,
+    "bridge.gc.highWaterBytes": {"minimum": 0},
+    "bridge.gc.lowWaterBytes": {"minimum": 0},
+    "bridge.gc.intervalSeconds": POSITIVE_SECONDS,
     "bridge.bindAddress": BIND_ADDRESS,
     "bridge.kubeletDir": ABSOLUTE_PATH,
     "bridge.storeDir": ABSOLUTE_PATH,

@@ -68,14 +68,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--publish-wait", type=float, default=100.0,
                    help="seconds a publish waits for a fetch before answering ABORTED with "
                         "progress (kubelet's call lasts 120 s)")
+    p.add_argument("--gc-high-water-percent", type=float,
+                   default=float(env("RESIDENT_GC_HIGH_WATER_PERCENT", "0")) or None,
+                   help="run store GC when the store's content exceeds this share (0-100) of its "
+                        "filesystem's size: unleased revisions go, least recently used first "
+                        "(the chart sets 70); with neither this nor --gc-high-water-bytes: no GC")
+    p.add_argument("--gc-low-water-percent", type=float,
+                   default=float(env("RESIDENT_GC_LOW_WATER_PERCENT", "0")) or None,
+                   help="GC removes content until the store holds at most this share of the "
+                        "filesystem (default 80%% of the high watermark)")
     p.add_argument("--gc-high-water-bytes", type=int,
                    default=int(env("RESIDENT_GC_HIGH_WATER_BYTES", "0")) or None,
-                   help="run store GC when the store holds more than this many bytes "
-                        "(unleased revisions, least recently used first); unset: no GC")
-    p.add_argument("--gc-low-water-bytes", type=int, default=None,
-                   help="GC removes content until the store is at or under this (default 80%% of high)")
+                   help="the high watermark in bytes; overrides --gc-high-water-percent")
+    p.add_argument("--gc-low-water-bytes", type=int,
+                   default=int(env("RESIDENT_GC_LOW_WATER_BYTES", "0")) or None,
+                   help="the low watermark in bytes; overrides --gc-low-water-percent")
     p.add_argument("--gc-interval", type=float, default=300.0,
-                   help="seconds between GC passes (GC also runs after each unpublish)")
+                   help="seconds between GC passes (GC also runs after each unpublish, each new "
+                        "revision published or staged, and a delivery that ran out of space)")
+    p.add_argument("--delivery-retry-seconds", type=float, default=5.0,
+                   help="seconds before a Failed BundleDelivery is staged again; doubled after "
+                        "each failed attempt (a spec that cannot be staged is not retried)")
+    p.add_argument("--delivery-retry-max-seconds", type=float, default=300.0,
+                   help="the longest wait between two attempts of a Failed BundleDelivery")
     p.add_argument("--orphan-grace", type=float, default=600.0,
                    help="seconds after which a publish interrupted by a crash, whose Pod has "
                         "since been deleted, is released (needs API access)")
@@ -100,10 +115,10 @@ def api_client(kubeconfig: str | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from . import logs
+    from bundle import jsonlog
     from .server import Bridge, BridgeConfig
 
-    logs.configure(args.log_level)
+    jsonlog.configure(args.log_level)
     log = logging.getLogger("resident.bridge")
     if not args.node_id:
         print("resident bridge: --node-id (or NODE_NAME) is required", file=sys.stderr)
@@ -120,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             kubelet_endpoint=args.kubelet_endpoint, publish_wait_seconds=args.publish_wait,
             deliveries=args.deliveries, gc_high_water_bytes=args.gc_high_water_bytes,
             gc_low_water_bytes=args.gc_low_water_bytes, gc_interval_seconds=args.gc_interval,
-            orphan_grace_seconds=args.orphan_grace))
+            gc_high_water_percent=args.gc_high_water_percent,
+            gc_low_water_percent=args.gc_low_water_percent,
+            orphan_grace_seconds=args.orphan_grace,
+            delivery_retry_seconds=args.delivery_retry_seconds,
+            delivery_retry_max_seconds=args.delivery_retry_max_seconds))
         bridge.start()
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)

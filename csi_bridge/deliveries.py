@@ -9,7 +9,9 @@ each one it:
 - stages it (``staging.stage``) in a worker thread, reporting ``Staging`` and then
   ``Staged`` or ``Failed`` with method, fallback reason, bytes, duration, ``verified``
   and the revision path; a delivery whose Pod volume is not published yet stays
-  ``Pending`` and is retried at the next resync;
+  ``Pending`` and is retried at the next resync; a Failed one is retried with capped
+  exponential backoff (:mod:`csi_bridge.retries`), its ``attempts`` and
+  ``nextAttemptTime`` in the status;
 - on deletion, releases the lease and removes the finalizer.
 
 A delivery already answered for its generation is left alone; one the bridge answered
@@ -27,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import ValidationError
 
-from . import staging
+from . import retries, staging
 from .events import EventPoster
 from .state import Delivery
 
@@ -37,11 +39,12 @@ FINALIZER = "bundles.resident.dev/lease"
 
 
 class DeliveryWatcher:
-    def __init__(self, bridge, api_client, resync_seconds: float = 5.0, workers: int = 2):
+    def __init__(self, bridge, api_client, resync_seconds: float = 5.0, workers: int = 2,
+                 backoff: retries.Backoff = retries.Backoff()):
         from kubernetes import client
         self.bridge, self.node_id = bridge, bridge.config.node_id
         self.api = client.CustomObjectsApi(api_client)
-        self.resync_seconds = resync_seconds
+        self.resync_seconds, self.backoff = resync_seconds, backoff
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
         self._inflight: set[str] = set()
@@ -100,13 +103,16 @@ class DeliveryWatcher:
             if obj is None:
                 return
         gen = obj["metadata"].get("generation", 1)
-        status = obj.get("status") or {}
+        status, now = obj.get("status") or {}, time.time()
         if status.get("observedGeneration") == gen and status.get("phase") in ("Staged", "Failed"):
-            return
-        rec = self.bridge.state.delivery(uid)
-        if rec and rec.generation == gen and rec.state in ("staged", "failed") and rec.status_json != "{}":
-            self._patch_status(obj, json.loads(rec.status_json))  # answered before a restart
-            return
+            if not retries.due(status, now):
+                return  # answered; a retry not due yet comes with a later re-list
+        else:
+            rec = self.bridge.state.delivery(uid)
+            if rec and rec.generation == gen and rec.state in ("staged", "failed") \
+                    and rec.status_json != "{}" and not retries.due(json.loads(rec.status_json), now):
+                self._patch_status(obj, json.loads(rec.status_json))  # answered before a restart
+                return
         with self._lock:
             if uid in self._inflight or time.monotonic() < self._retry_at.get(uid, 0.0):
                 return
@@ -116,21 +122,24 @@ class DeliveryWatcher:
     def _stage(self, obj: dict) -> None:
         meta, uid = obj["metadata"], obj["metadata"]["uid"]
         gen = meta.get("generation", 1)
+        attempt = retries.previous_attempts(obj.get("status") or {}, gen) + 1
         t0, result = time.monotonic(), "error"
         try:
             try:
                 spec = staging.DeliverySpec.model_validate(obj.get("spec") or {})
             except ValidationError as e:
-                self._fail(obj, gen, "InvalidSpec", str(e).replace("\n", "; "))
+                self._fail(obj, gen, "InvalidSpec", str(e).replace("\n", "; "), attempt=attempt)
                 result = "invalid"
                 return
             staging.find_volume(self.bridge.state, spec)  # NotYet before saying "Staging"
             phase = (obj.get("status") or {}).get("phase")
             if phase != "Staging":
                 self._patch_status(obj, {"phase": "Staging", "observedGeneration": gen,
-                                         "reason": "Staging", "message": "staging in progress"})
+                                         "reason": "Staging", "message": f"staging, attempt {attempt}",
+                                         "attempts": attempt, "nextAttemptTime": None})
             try:
-                status = staging.stage(self.bridge, uid, meta["namespace"], meta["name"], gen, spec)
+                status = staging.stage(self.bridge, uid, meta["namespace"], meta["name"], gen, spec,
+                                       attempt)
                 result = "staged" if status["phase"] == "Staged" else "failed"
                 self._patch_status(obj, status)
                 self.events.post(obj, "DeliveryStaged" if result == "staged" else "DeliveryFailed",
@@ -140,7 +149,7 @@ class DeliveryWatcher:
                                                    "duration_seconds": status["durationSeconds"]})
             except staging.StageFailed as e:
                 result = "failed"
-                self._fail(obj, gen, e.reason, e.message, spec)
+                self._fail(obj, gen, e.reason, e.message, spec, attempt)
         except staging.NotYet as e:
             result = "pending"
             with self._lock:
@@ -149,16 +158,23 @@ class DeliveryWatcher:
                                      "reason": "VolumeNotReady", "message": str(e)})
         except Exception as e:
             log.exception("staging failed", extra={"delivery": uid})
-            self._fail(obj, gen, "InternalError", f"{type(e).__name__}: {e}")
+            self._fail(obj, gen, "InternalError", f"{type(e).__name__}: {e}", attempt=attempt)
         finally:
             self.bridge.metrics.stage_seconds.labels(result).observe(time.monotonic() - t0)
+            if result in ("staged", "failed"):  # a new revision, or a store that ran full
+                self.bridge.collector.collect()
             with self._lock:
                 self._inflight.discard(uid)
 
-    def _fail(self, obj: dict, gen: int, reason: str, message: str, spec=None) -> None:
+    def _fail(self, obj: dict, gen: int, reason: str, message: str, spec=None,
+              attempt: int = 1) -> None:
         meta = obj["metadata"]
+        retry_at = retries.next_attempt(reason, attempt, self.backoff, time.time())
+        message = message[:2000] + (f" (attempt {attempt}; retrying at {retry_at})" if retry_at
+                                    else f" (attempt {attempt}; not retried until the spec changes)")
         status = {"phase": "Failed", "observedGeneration": gen, "reason": reason,
-                  "message": message[:2000], "verified": False}
+                  "message": message, "verified": False, "attempts": attempt,
+                  "nextAttemptTime": retry_at}
         if spec is not None:
             rec = self.bridge.state.delivery(meta["uid"])
             target = rec.target_path if rec else ""

@@ -4,26 +4,25 @@ kubelet gives NodePublishVolume two minutes. Fetching a large bundle may take lo
 a publish starts (or joins) one *fetch* per revision digest in a thread, waits up to its
 own deadline, and if the fetch is still running answers ABORTED with the progress in the
 message. kubelet retries; the retry joins the same fetch and, once it is done, finishes
-the publish. A failed fetch is reported once, to the next caller, and forgotten, so the
-retry after that starts afresh.
+the publish. A fetch that moved no byte for a while is *stalled*: the publish says so
+instead of reporting progress. A failed fetch is reported to the next caller and
+forgotten, so the retry after that starts afresh (the publisher keeps the failure, to
+answer with it while that retry runs).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-
-log = logging.getLogger("resident.bridge.fetch")
-
 
 @dataclass
 class Fetch:
     digest: str
     source: str
     started: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)
     bytes_done: int = 0
     bytes_total: int = 0
     result: object = None
@@ -32,6 +31,14 @@ class Fetch:
 
     def progress(self, n: int) -> None:
         self.bytes_done += n
+        self.last_progress = time.monotonic()
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last byte arrived (or since the start)."""
+        return time.monotonic() - self.last_progress
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
 
     def describe(self) -> str:
         pct = f" ({100 * self.bytes_done / self.bytes_total:.0f}%)" if self.bytes_total else ""
@@ -61,7 +68,6 @@ class Fetches:
             job.result = self._run(job)
         except BaseException as e:  # reported to the caller that collects the fetch
             job.error = e
-            log.warning("fetch failed", extra={"digest": job.digest, "error": str(e)})
         finally:
             job.done.set()
 

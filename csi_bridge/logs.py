@@ -1,4 +1,4 @@
-"""Structured logs: one JSON object per line, and a gRPC interceptor that logs every call.
+"""A gRPC interceptor that logs every call (as JSON lines: :mod:`bundle.jsonlog`).
 
 Each CSI call is logged once with ``method``, ``volume`` (the volume id when the request
 has one), ``duration_seconds`` and ``code``. Requests are never logged whole: CSI
@@ -7,38 +7,12 @@ requests may carry ``secrets``, so only the named fields are picked out.
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 import time
 
 import grpc
 
 log = logging.getLogger("resident.bridge")
-
-
-class JsonFormatter(logging.Formatter):
-    FIELDS = ("method", "volume", "target", "duration_seconds", "code", "digest", "delivery",
-              "pod", "namespace", "error", "bytes", "phase")
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-               "logger": record.name, "msg": record.getMessage()}
-        for key in self.FIELDS:
-            if hasattr(record, key):
-                doc[key] = getattr(record, key)
-        if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
-
-
-def configure(level: str = "INFO", stream=None) -> None:
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("resident")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
 
 
 class CallLogger(grpc.ServerInterceptor):

@@ -1,8 +1,9 @@
 """Prometheus metrics of the bridge.
 
-Units are in the names: durations in seconds, sizes in bytes. Lease and volume counts
-are read when scraped, so they are never stale. Store size
-(``resident_store_bytes``) and delivered bytes (``resident_delivery_bytes_total{kind}``)
+Units are in the names: durations in seconds, sizes in bytes. Lease and volume counts,
+the store's capacity (its filesystem's size and free bytes), what GC could reclaim and
+the GC watermarks are read when scraped, so they are never stale. Store usage
+(``resident_store_bytes``, the bytes of content held) and delivered bytes (``resident_delivery_bytes_total{kind}``)
 are recorded by the bundle store itself in the default registry; the bridge registers its
 own metrics there too in production, so one ``/metrics`` shows both. Tests that run
 several bridges in one process give each a private registry.
@@ -33,11 +34,32 @@ class BridgeMetrics:
         self.stage_seconds = Histogram(
             "resident_stage_duration_seconds", "BundleDelivery staging duration by result",
             ["result"], buckets=BUCKETS, registry=r)
+        self.fetch_failures = Counter(
+            "resident_fetch_failures_total", "Failed fetches of a revision for a publish, by the "
+            "gRPC code the publish answers", ["code"], registry=r)
         self.leases = Gauge("resident_store_leases", "Leases held in the node store (volumes and deliveries)",
                             registry=r)
         self.publications = Gauge("resident_published_volumes", "Volumes published on this node",
                                   registry=r)
 
+        self.capacity = Gauge("resident_store_capacity_bytes",
+                              "Size of the filesystem the node store is on", registry=r)
+        self.available = Gauge("resident_store_available_bytes",
+                               "Free bytes on the node store's filesystem", registry=r)
+        self.reclaimable = Gauge("resident_store_reclaimable_bytes",
+                                 "Store bytes no lease pins (GC may remove them)", registry=r)
+        self.gc_high = Gauge("resident_store_gc_high_water_bytes",
+                             "Store GC runs above this many bytes of content, now (0: no GC)", registry=r)
+        self.gc_low = Gauge("resident_store_gc_low_water_bytes",
+                            "Store GC removes content down to this many bytes", registry=r)
+
     def watch(self, leases: Callable[[], float], publications: Callable[[], float]) -> None:
         self.leases.set_function(leases)
         self.publications.set_function(publications)
+
+    def watch_store(self, store, collector) -> None:
+        self.capacity.set_function(lambda: store.filesystem_bytes().size)
+        self.available.set_function(lambda: store.filesystem_bytes().available)
+        self.reclaimable.set_function(store.reclaimable_bytes)
+        self.gc_high.set_function(lambda: (collector.watermarks() or (0, 0))[0])
+        self.gc_low.set_function(lambda: (collector.watermarks() or (0, 0))[1])

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import time
 
+import grpc
+
 from . import arguments
 from .proto import csi_pb2, csi_pb2_grpc
 from .publisher import Publisher
@@ -51,6 +53,10 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             return csi_pb2.NodePublishVolumeResponse()
         except CsiError as e:
             result = e.code.name.lower()
+            log.log(logging.INFO if e.code == grpc.StatusCode.ABORTED else logging.WARNING,
+                    "publish not done", extra={"volume": request.volume_id,
+                                               "target": request.target_path,
+                                               "code": e.code.name, "error": e.message})
             context.abort(e.code, e.message)
         finally:
             self.metrics.publish_seconds.labels(result).observe(time.monotonic() - start)

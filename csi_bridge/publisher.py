@@ -6,8 +6,10 @@ up where the last attempt stopped):
 1. Compare with the publication already recorded at the target: the same volume and
    bundle answers OK once its mount checks out; anything else is ALREADY_EXISTS.
 2. Authorize the Pod's namespace (no filesystem work before this).
-3. Materialize the revision in the store, in the background if it takes long (ABORTED
-   with progress until done).
+3. Materialize the revision in the store, in the background if it takes long: ABORTED
+   with progress while bytes arrive; UNAVAILABLE when the fetch is stalled; the last
+   failure's own code and message while a retry after a failure runs (a failure is
+   logged and kept in ``bridge.db`` until a fetch of that revision succeeds).
 4. Record the publication as ``publishing`` and take its lease (holder ``volume:<dir>``).
 5. Build the volume directory (hardlinks from the store, ``current`` link).
 6. Create the target, bind-mount the volume read-only, verify ``ro`` in mountinfo.
@@ -42,6 +44,7 @@ from .state import BridgeState, Publication
 from .status import CsiError, from_bundle_error
 
 log = logging.getLogger("resident.bridge.publish")
+STALL_SECONDS = 30.0  # a fetch with no byte for this long (or the call's wait) is stalled
 
 
 def volume_dirname(volume_id: str, target_path: str) -> str:
@@ -61,11 +64,17 @@ class Publisher:
         self.open_source = open_source
         self.fetches = Fetches(self._materialize)
         self.gc_guard = threading.Lock()  # replaced by the Collector's guard when GC runs
-        self.after_unpublish = None       # e.g. Collector.collect
+        self.collect = lambda: None       # Collector.collect: after a new publication or an unpublish
 
     # -- publish -----------------------------------------------------------------------
     def publish(self, args: PublishArgs, wait_seconds: float) -> str:
         """Publish or confirm; returns 'published', 'confirmed' or 'repaired'. Raises CsiError."""
+        result = self._publish(args, wait_seconds)
+        if result == "published":
+            self.collect()  # the new revision is leased; older unleased ones may have to go
+        return result
+
+    def _publish(self, args: PublishArgs, wait_seconds: float) -> str:
         with self.locks.hold(f"volume {args.volume_id}", f"target {args.target_path}"):
             rec = self.state.publication(args.target_path)
             if rec is not None and rec.state == "unpublishing":
@@ -149,21 +158,42 @@ class Publisher:
         if self.store.has_revision(digest):
             return
         job = self.fetches.start(digest, args.bundle.source)
-        if not self.fetches.wait(job, wait_seconds):
-            raise CsiError(grpc.StatusCode.ABORTED,
-                           f"{job.describe()}; the fetch continues in the background, retry to "
-                           "finish the publish")
-        if job.error is not None:
-            raise from_bundle_error(job.error, f"delivering {digest}")
+        if self.fetches.wait(job, wait_seconds):
+            if job.error is not None:
+                raise failure_of(job)
+            return
+        last = self.state.fetch_failure(digest)
+        if last is not None:  # kubelet keeps seeing the cause, not "in progress"
+            raise CsiError(grpc.StatusCode[last.code],
+                           f"{last.message} (failed {last.failures} times); retrying: {job.describe()}")
+        if job.idle_seconds() >= max(1.0, min(STALL_SECONDS, wait_seconds)):
+            raise CsiError(grpc.StatusCode.UNAVAILABLE,
+                           f"{job.describe()}: stalled, no byte arrived for "
+                           f"{job.idle_seconds():.0f}s; the fetch goes on in the background")
+        raise CsiError(grpc.StatusCode.ABORTED,
+                       f"{job.describe()}; the fetch continues in the background, retry to "
+                       "finish the publish")
 
     def _materialize(self, job: Fetch):
-        source = self.open_source(job.source)
         try:
-            manifest = source.fetch_manifest(job.digest)
-            job.bytes_total = manifest.total_bytes
-            return self.store.materialize(manifest, source, progress=job.progress)
-        finally:
-            source.close()
+            source = self.open_source(job.source)
+            try:
+                manifest = source.fetch_manifest(job.digest)
+                job.bytes_total = manifest.total_bytes
+                res = self.store.materialize(manifest, source, progress=job.progress)
+            finally:
+                source.close()
+        except BaseException as e:
+            err = failure_of(job, e)
+            self.state.record_fetch_failure(job.digest, job.source, err.code.name, err.message)
+            self.metrics.fetch_failures.labels(err.code.name).inc()
+            log.warning("fetch failed", extra={
+                "digest": job.digest, "source": job.source, "code": err.code.name,
+                "error": err.message, "bytes": job.bytes_done, "bytes_total": job.bytes_total,
+                "duration_seconds": round(job.seconds(), 3)})
+            raise
+        self.state.clear_fetch_failure(job.digest)
+        return res
 
     # -- unpublish ---------------------------------------------------------------------
     def unpublish(self, args: UnpublishArgs) -> str:
@@ -174,8 +204,7 @@ class Publisher:
                 return "unknown"
             self.state.set_publication_state(rec.target_path, "unpublishing")
             self.finish_unpublish(rec)
-        if self.after_unpublish is not None:
-            self.after_unpublish()  # content may have become collectable
+        self.collect()  # content may have become collectable
         return "unpublished"
 
     def finish_unpublish(self, rec: Publication) -> None:
@@ -215,6 +244,11 @@ class Publisher:
         problem = "" if self._mount_intact(rec) else (
             f"{volume_path} is not a read-only mount of its volume with a valid current revision")
         return os.statvfs(volume_path), used, problem
+
+
+def failure_of(job: Fetch, error: BaseException | None = None) -> CsiError:
+    """The CsiError a failed fetch answers with: the source's own error, named."""
+    return from_bundle_error(error or job.error, f"delivering {job.digest} from {job.source}")
 
 
 __all__ = ["Publisher", "volume_dirname", "lease_holder", "MANIFEST_NAME"]

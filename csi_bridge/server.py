@@ -53,10 +53,14 @@ class BridgeConfig:
     deliveries: bool = False            # watch BundleDeliveries (needs api_client)
     private_metrics: bool = False       # own registry (several bridges in one process)
     workers: int = 8
-    gc_high_water_bytes: int | None = None  # None: no GC
+    gc_high_water_bytes: int | None = None  # None (and no percent): no GC
     gc_low_water_bytes: int | None = None   # default 80% of high
+    gc_high_water_percent: float | None = None  # of the store filesystem's size; bytes win
+    gc_low_water_percent: float | None = None
     gc_interval_seconds: float = 300.0
     orphan_grace_seconds: float = 600.0   # half-publishes of deleted Pods (needs api_client)
+    delivery_retry_seconds: float = 5.0   # first wait before a Failed delivery is staged again
+    delivery_retry_max_seconds: float = 300.0  # the doubling waits stop growing here
     extra: dict = field(default_factory=dict)
 
 
@@ -110,9 +114,11 @@ class Bridge:
         self.publisher = Publisher(self.store, self.state, self.volumes_root, self.authorizer,
                                    self.metrics, self.locks, open_source)
         self.collector = Collector(self.store, c.gc_high_water_bytes, c.gc_low_water_bytes,
-                                   c.gc_interval_seconds)
+                                   c.gc_interval_seconds, c.gc_high_water_percent,
+                                   c.gc_low_water_percent)
         self.publisher.gc_guard = self.collector.guard
-        self.publisher.after_unpublish = self.collector.collect
+        self.publisher.collect = self.collector.collect
+        self.metrics.watch_store(self.store, self.collector)
         self.identity = IdentityServicer(VERSION, self.health)
         self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds)
         self.registration: RegistrationServicer | None = None
@@ -175,9 +181,13 @@ class Bridge:
             if c.api_client is None:
                 raise ValueError("watching BundleDeliveries needs API access (a kubeconfig)")
             from .deliveries import DeliveryWatcher
-            self.watcher = DeliveryWatcher(self, c.api_client)
+            from .retries import Backoff
+            self.watcher = DeliveryWatcher(self, c.api_client, backoff=Backoff(
+                c.delivery_retry_seconds, c.delivery_retry_max_seconds))
             self.watcher.start()
-        log.info("bridge serving", extra={"target": str(self.socket), "phase": "started"})
+        log.info("bridge serving", extra={"target": str(self.socket), "phase": "started",
+                                          "gc_watermarks_bytes": self.collector.watermarks(),
+                                          "gc_high_water_percent": self.collector.high_percent})
         return self
 
     def stop(self, grace: float = 2.0) -> None:

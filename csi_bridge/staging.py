@@ -84,7 +84,7 @@ def find_volume(state, spec: DeliverySpec) -> Publication:
 
 
 def stage(bridge, uid: str, namespace: str, name: str, generation: int,
-          spec: DeliverySpec) -> dict:
+          spec: DeliverySpec, attempt: int = 1) -> dict:
     """Stage ``spec`` for delivery ``uid``; return the status to report (phase Staged)."""
     store, state = bridge.store, bridge.state
     pub = find_volume(state, spec)
@@ -129,6 +129,8 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         status = {
             "phase": "Staged" if verified else "Failed",
             "observedGeneration": generation,
+            "attempts": attempt,
+            "nextAttemptTime": None,
             "method": res.method,
             "bytes": {"fetched": res.bytes_fetched, "reused": res.bytes_reused,
                       "written": res.bytes_written},

@@ -10,6 +10,11 @@ the bridge did with that content, so a restarted bridge can reconcile:
 - a *delivery* is one BundleDelivery object served into a publication's volume:
   ``staging``, ``staged`` or ``failed``, with the generation it answers and the status
   it reported (kept so a restarted bridge reports the same byte counts again).
+- a *fetch failure* is the last failed attempt to bring a revision into the store for a
+  publish: the gRPC code and message kubelet was (or will be) answered with, and how many
+  attempts failed in a row. A successful fetch removes it. While a retry runs, the publish
+  answers with this failure instead of "in progress", so kubelet's FailedMount keeps
+  naming the cause.
 
 The file is opened in WAL mode with one connection shared under a lock: the bridge's
 writes are few and small, and a crash between two statements leaves each row whole.
@@ -50,6 +55,14 @@ CREATE TABLE IF NOT EXISTS deliveries (
     status_json TEXT NOT NULL DEFAULT '{}',
     updated     REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS fetch_failures (
+    digest   TEXT PRIMARY KEY,
+    source   TEXT NOT NULL,
+    code     TEXT NOT NULL,
+    message  TEXT NOT NULL,
+    failures INTEGER NOT NULL,
+    updated  REAL NOT NULL
+);
 """
 
 
@@ -78,6 +91,16 @@ class Delivery:
     generation: int
     state: str
     status_json: str = "{}"
+    updated: float = 0.0
+
+
+@dataclass(frozen=True)
+class FetchFailure:
+    digest: str
+    source: str
+    code: str          # a grpc.StatusCode name
+    message: str
+    failures: int = 1
     updated: float = 0.0
 
 
@@ -150,6 +173,23 @@ class BridgeState:
     def delete_delivery(self, uid: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM deliveries WHERE uid=?", (uid,))
+
+    # -- fetch failures ----------------------------------------------------------------
+    def record_fetch_failure(self, digest: str, source: str, code: str, message: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO fetch_failures VALUES (?,?,?,?,1,?) ON CONFLICT(digest) DO UPDATE "
+                "SET source=excluded.source, code=excluded.code, message=excluded.message, "
+                "failures=failures+1, updated=excluded.updated",
+                (digest, source, code, message, time.time()))
+
+    def fetch_failure(self, digest: str) -> FetchFailure | None:
+        rows = self._select(FetchFailure, "fetch_failures", "digest=?", (digest,))
+        return rows[0] if rows else None
+
+    def clear_fetch_failure(self, digest: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM fetch_failures WHERE digest=?", (digest,))
 
     def _select(self, cls, table: str, where: str, args: tuple) -> list:
         cols = [f.name for f in fields(cls)]

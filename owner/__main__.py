@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 
-from . import jsonlog
+from bundle import jsonlog
 from .backends import REGISTRY, BackendError, create_backend
 from .inference import make_inference_server
 from .runtime import Owner, StartupError

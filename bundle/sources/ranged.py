@@ -46,6 +46,7 @@ class TransientUnavailable(SourceUnavailable):
 
 def is_transient(status_code: int) -> bool:
     return status_code >= 500 or status_code == 429
+_OS_ERROR = re.compile(r"\[Errno -?\d+\] [^'\")\]]+")
 
 
 @dataclass(frozen=True)
@@ -209,5 +210,10 @@ def _arriving(resp: requests.Response) -> Iterator[bytes]:
 
 
 def _describe(e: Exception) -> str:
+    """The error in a line; a connection error by its OS error (urllib3 buries it at the end
+    of a long message: "[Errno 111] Connection refused")."""
     text = str(e) or type(e).__name__
+    os_error = _OS_ERROR.search(text)
+    if os_error:
+        return f"{os_error.group(0).rstrip()} ({type(e).__name__})"
     return text if len(text) < 300 else text[:300] + "..."

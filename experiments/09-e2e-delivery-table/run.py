@@ -22,7 +22,8 @@ the time until ``status.ready`` stops counting it is measured the same way.
 
 Every revision is made from the live one and removed (its directory and its blobs on the
 bundle server) once the model has moved past it, so the disk holds at most two
-revisions besides the node's store. ``python run.py [--rounds N] [--size-mib M] [--out D]``;
+revisions besides the node's store, and the work directory goes also when a run fails.
+The chart's default GC watermarks keep the node's store itself bounded. ``python run.py [--rounds N] [--size-mib M] [--out D]``;
 results go to ``<size>mib/raw.json`` and ``summary.json``.
 """
 
@@ -132,56 +133,58 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp09-"))
     machine_before = benchkit.machine()
-    revs, dirs = make_bundles(work, args.size_mib * 2**20)
-    for k in "bcd":
-        shutil.rmtree(dirs[k])     # only A is used: every arm derives its own revision
-    store_size = (8 * args.rounds + 4) * args.size_mib * 2**20   # reconstructs write whole revisions
-    with contextlib.ExitStack() as stack:
-        store = (stack.enter_context(loop_filesystem("xfs", store_size)) if args.store_fs == "xfs"
-                 else None)
-        cluster = stack.enter_context(LocalCluster())
-        server = stack.enter_context(BundleServer(work / "served", work / "logs"))
-        server.push(dirs["a"])
-        installation = install(cluster, bridge_root=store)
-        cluster.kubectl("create", "namespace", "bench")
-        cluster.wait_for_service_account("bench")
-        story = Story(cluster, "bench", "bench", installation.bridge_root)
-        story.apply(model_body("bench", server.url, revs.a))
-        story.wait_ready(revs.a)
-        live = {"dir": dirs["a"], "n": 0}
+    try:  # the revisions it generates are large: removed also when a run fails
+        revs, dirs = make_bundles(work, args.size_mib * 2**20)
+        for k in "bcd":
+            shutil.rmtree(dirs[k])     # only A is used: every arm derives its own revision
+        store_size = (8 * args.rounds + 4) * args.size_mib * 2**20   # reconstructs write whole revisions
+        with contextlib.ExitStack() as stack:
+            store = (stack.enter_context(loop_filesystem("xfs", store_size)) if args.store_fs == "xfs"
+                     else None)
+            cluster = stack.enter_context(LocalCluster())
+            server = stack.enter_context(BundleServer(work / "served", work / "logs"))
+            server.push(dirs["a"])
+            installation = install(cluster, bridge_root=store)
+            cluster.kubectl("create", "namespace", "bench")
+            cluster.wait_for_service_account("bench")
+            story = Story(cluster, "bench", "bench", installation.bridge_root)
+            story.apply(model_body("bench", server.url, revs.a))
+            story.wait_ready(revs.a)
+            live = {"dir": dirs["a"], "n": 0}
 
-        def arm(name: str):
-            kind, delivery, strategy = ARMS[name]
+            def arm(name: str):
+                kind, delivery, strategy = ARMS[name]
 
-            def once() -> dict:
-                live["n"] += 1
-                target = work / f"t{live['n']}"
-                digest = make_revision(live["dir"], target, kind, fraction=0.005, seed=100 + live["n"],
-                                       chunk_size=CHUNK).digest
-                server.push(target)
-                t0 = time.monotonic()
-                story.patch_spec({"bundle": {"source": server.url, "digest": digest},
-                                  "delivery": delivery, "transition": {"strategy": strategy}})
-                last = wait_until("done", lambda: (
-                    (story.get()["status"].get("lastTransition") or {}).get("to") == digest
-                    and story.get()["status"]["lastTransition"]))
-                spec_to_done = time.monotonic() - t0
-                story.wait_ready(digest)
-                drop_revision(live["dir"], work / "served", keep=target)
-                live["dir"] = target
-                d, b = last["durations"], last["bytes"]
-                return {"total_seconds": d["totalSeconds"], "deliver_seconds": d["deliverSeconds"],
-                        "apply_seconds": d["applySeconds"], "first_token_seconds": d["firstTokenSeconds"],
-                        "staging_seconds": d["stagingSeconds"], "owner_seconds": d["ownerSeconds"],
-                        "overhead_seconds": d["overheadSeconds"], "spec_to_done_seconds": round(spec_to_done, 4),
-                        "fetched": b["fetched"], "reused": b["reused"], "written": b["written"],
-                        "path": last["path"], "method": last["method"], "strategy": last["strategy"],
-                        "result": last["result"]}
-            return once
+                def once() -> dict:
+                    live["n"] += 1
+                    target = work / f"t{live['n']}"
+                    digest = make_revision(live["dir"], target, kind, fraction=0.005, seed=100 + live["n"],
+                                           chunk_size=CHUNK).digest
+                    server.push(target)
+                    t0 = time.monotonic()
+                    story.patch_spec({"bundle": {"source": server.url, "digest": digest},
+                                      "delivery": delivery, "transition": {"strategy": strategy}})
+                    last = wait_until("done", lambda: (
+                        (story.get()["status"].get("lastTransition") or {}).get("to") == digest
+                        and story.get()["status"]["lastTransition"]))
+                    spec_to_done = time.monotonic() - t0
+                    story.wait_ready(digest)
+                    drop_revision(live["dir"], work / "served", keep=target)
+                    live["dir"] = target
+                    d, b = last["durations"], last["bytes"]
+                    return {"total_seconds": d["totalSeconds"], "deliver_seconds": d["deliverSeconds"],
+                            "apply_seconds": d["applySeconds"], "first_token_seconds": d["firstTokenSeconds"],
+                            "staging_seconds": d["stagingSeconds"], "owner_seconds": d["ownerSeconds"],
+                            "overhead_seconds": d["overheadSeconds"], "spec_to_done_seconds": round(spec_to_done, 4),
+                            "fetched": b["fetched"], "reused": b["reused"], "written": b["written"],
+                            "path": last["path"], "method": last["method"], "strategy": last["strategy"],
+                            "result": last["result"]}
+                return once
 
-        samples = benchkit.run_rounds(args.rounds, {name: arm(name) for name in ARMS})
-        lags = status_lag(story, args.lag_trials)
-    shutil.rmtree(work, ignore_errors=True)
+            samples = benchkit.run_rounds(args.rounds, {name: arm(name) for name in ARMS})
+            lags = status_lag(story, args.lag_trials)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "chunk_bytes": CHUNK,
                       "store_fs": args.store_fs,
                       "arms": {k: list(v[:1]) + [v[1], v[2]] for k, v in ARMS.items()}},

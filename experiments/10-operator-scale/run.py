@@ -190,14 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     flags = [f"--audit-policy-file={policy}", f"--audit-log-path={state / 'audit.log'}",
              "--audit-log-maxsize=2000"]
     machine_before = benchkit.machine()
-    with ControlPlane(state_dir=state, extra_apiserver_flags=flags,
-                      extra_users={USER: "system:masters"}) as cp:
-        cp.install_crds()
-        counter = iter(range(1000))
-        samples = benchkit.run_rounds(args.rounds, {
-            arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter)))
-            for arm in ARMS})
-    subprocess.run(["rm", "-rf", str(work)], check=False)
+    try:  # the audit log grows to GBs: removed also when a run fails
+        with ControlPlane(state_dir=state, extra_apiserver_flags=flags,
+                          extra_users={USER: "system:masters"}) as cp:
+            cp.install_crds()
+            counter = iter(range(1000))
+            samples = benchkit.run_rounds(args.rounds, {
+                arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter)))
+                for arm in ARMS})
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
     raw = {"config": {"rounds": args.rounds, "models": args.models, "settle_seconds": args.settle,
                       "poll_commit": POLL_COMMIT},
            **benchkit.provenance(machine_before, benchkit.machine()), "samples": samples}

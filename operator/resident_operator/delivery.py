@@ -3,7 +3,9 @@
 The operator writes one BundleDelivery per owner and target revision; the bridge on the
 Pod's node stages the revision into the Pod's volume and reports ``status.phase``
 (Pending, Staging, Staged, Failed, Releasing). The bridge's finalizer turns the object
-into the cluster-visible lease of that revision: deleting it releases the lease. This
+into the cluster-visible lease of that revision: deleting it releases the lease. A
+Failed delivery with ``nextAttemptTime`` is *retrying*: the bridge stages it again with
+capped backoff (the source may come back, GC may free space); one without is final. This
 module builds the object and reads its status; it does not talk to the API server.
 """
 
@@ -55,6 +57,8 @@ class DeliveryObservation:
     written: int = 0
     duration_seconds: float = 0.0
     verified: bool = False
+    attempts: int = 0
+    next_attempt_time: str = ""
 
     @property
     def staged(self) -> bool:
@@ -62,7 +66,13 @@ class DeliveryObservation:
 
     @property
     def failed(self) -> bool:
-        return self.phase == FAILED
+        """Failed for good: the bridge will not try again."""
+        return self.phase == FAILED and not self.next_attempt_time
+
+    @property
+    def retrying(self) -> bool:
+        """Failed, and the bridge tries again at ``next_attempt_time``."""
+        return self.phase == FAILED and bool(self.next_attempt_time)
 
 
 def observe_delivery(body: dict[str, Any] | None) -> DeliveryObservation | None:
@@ -77,4 +87,5 @@ def observe_delivery(body: dict[str, Any] | None) -> DeliveryObservation | None:
         fetched=int(b.get("fetched") or 0), reused=int(b.get("reused") or 0),
         written=int(b.get("written") or 0),
         duration_seconds=float(st.get("durationSeconds") or 0.0),
-        verified=bool(st.get("verified")))
+        verified=bool(st.get("verified")), attempts=int(st.get("attempts") or 0),
+        next_attempt_time=st.get("nextAttemptTime") or "")

@@ -116,7 +116,10 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
     if result != "running":
         _finish(ctx, state, t, result)
         ctx.follow_up.again = True   # a queued transition may start
-    return None
+        return None
+    retrying = next((o for o in t.owners if o.step == Step.delivering and o.reason == "DeliveryFailed"),
+                    None)   # a delivery the bridge retries: Degraded says why until it stages
+    return Blocker("DeliveryFailed", retrying.message) if retrying else None
 
 
 def _step_owner(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState, i: int,

@@ -8,11 +8,10 @@ volume) -> ``Applying`` (the owner's ``POST /v1/transitions``) -> ``Verifying`` 
 ``/v1/identity`` names the target) -> ``Releasing`` (the old revision's BundleDelivery is
 deleted) -> ``Done``.
 
-An owner that is quarantined or unloaded, or whose Pod never started, goes to
-``Replacing``: a new Pod is created on the target revision. Any other failure ends the
-owner in ``Failed`` with a reason; the owner keeps (or the owner rolls back to) its old
-identity and no further owners are started. At most ``maxUnavailable`` owners are
-between Waiting and Done at once.
+An owner that is quarantined or unloaded, or whose Pod never started, goes to ``Replacing``:
+a new Pod is created on the target revision. Any other failure ends the owner in ``Failed``
+with a reason; the owner keeps (or the owner rolls back to) its old identity and no further
+owners are started. At most ``maxUnavailable`` owners are between Waiting and Done at once.
 
 :func:`advance` takes one owner's recorded progress and what was just observed about it
 and returns the new progress plus the actions to perform. The executor
@@ -174,8 +173,9 @@ def advance(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, *, now:
     if p.step in (Step.done, Step.failed):
         return Decision(p)
     if p.step != Step.waiting and p.started_at is not None and now - p.started_at > timeout_seconds:
-        return _fail(p, now, "Timeout", f"owner {p.pod} did not finish step {p.step.value} "
-                                        f"within {timeout_seconds:.0f}s")
+        retried = p.step == Step.delivering and p.reason == "DeliveryFailed"  # the bridge kept failing
+        return _fail(p, now, p.reason if retried else "Timeout", f"owner {p.pod} did not finish step "
+                     f"{p.step.value} within {timeout_seconds:.0f}s" + (f": {p.message}" if retried else ""))
     if p.step in (Step.delivering, Step.applying, Step.verifying) and not obs.pod_exists:
         return Decision(_to(p, Step.replacing, reason="OwnerReplaced",
                             message=f"owner Pod {p.pod} disappeared during {p.step.value}"),
@@ -201,11 +201,12 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
     d = obs.delivery
     if d is None:
         return Decision(p, [Action.create_delivery])
-    if d.failed:
-        return _fail(p, now, "DeliveryFailed",
-                     f"delivery {p.delivery} failed: {d.reason or 'no reason'} {d.message}".strip())
+    if d.failed or d.retrying:  # retrying: the bridge tries again, the model says why meanwhile
+        why = f"delivery {p.delivery} failed: {d.reason or 'no reason'} {d.message}".strip()
+        return (Decision(p.model_copy(update={"reason": "DeliveryFailed", "message": why}))
+                if d.retrying else _fail(p, now, "DeliveryFailed", why))
     if d.staged:
-        p = _to(p, Step.applying, delivered_at=now, method=d.method,
+        p = _to(p, Step.applying, delivered_at=now, method=d.method, reason="", message="",
                 staging_seconds=d.duration_seconds or None,
                 bytes=Bytes(fetched=d.fetched, reused=d.reused, written=d.written))
         return Decision(p, [Action.start_owner_transition])

@@ -365,8 +365,9 @@ class PlayedNode:
             self.api.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, plural, name, {
                 "metadata": {"finalizers": finalizers + [LEASE_FINALIZER]}})
             return
-        phase = (bd.get("status") or {}).get("phase")
-        if phase in ("Staged", "Failed") or not self.stage_deliveries.is_set():
+        st = bd.get("status") or {}
+        final = st.get("phase") == "Staged" or (st.get("phase") == "Failed" and not st.get("nextAttemptTime"))
+        if final or not self.stage_deliveries.is_set():  # a Failed one with a next attempt is retried
             return
         spec = bd["spec"]
         t0 = time.monotonic()

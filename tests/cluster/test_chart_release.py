@@ -180,6 +180,8 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert ("--kubelet-endpoint=/var/lib/kubelet/plugins/bundles.resident.dev/csi.sock"
                 in plugin["args"])
         assert "--authorize=api" in plugin["args"] and "--deliveries" in plugin["args"]
+        assert {"--gc-high-water-percent=70", "--gc-low-water-percent=50",  # GC on by default
+                "--gc-interval=60"} <= set(plugin["args"])
         assert plugin["livenessProbe"]["httpGet"]["port"] == "healthz"
         probe = cs["liveness-probe"]
         assert probe["args"] == ["--csi-address=/csi/csi.sock", "--health-port=9808"]
@@ -213,7 +215,8 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
             "operator": {"hostNetwork": True, "bindAddress": "127.0.0.1", "logLevel": "DEBUG",
                          "owner": {"host": "127.0.0.1", "hostNetwork": True}},
             "bridge": {"hostNetwork": True, "bindAddress": "127.0.0.1", "registration": {"mode": "sidecar"},
-                       "livenessProbe": {"enabled": False}},
+                       "livenessProbe": {"enabled": False},
+                       "gc": {"highWaterBytes": 50 << 30}},
             "metrics": {"service": False},
         }
         upgraded = helm.upgrade(release, changed)
@@ -236,6 +239,8 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
             "--kubelet-registration-path=/var/lib/kubelet/plugins/bundles.resident.dev/csi.sock"]
         assert not any(a.startswith("--registration-dir") for a in cs["bridge"]["args"])
         assert "--metrics-address=127.0.0.1" in cs["bridge"]["args"]
+        assert f"--gc-high-water-bytes={50 << 30}" in cs["bridge"]["args"]  # bytes replace the shares
+        assert not any(a.startswith("--gc-low-water") or "percent" in a for a in cs["bridge"]["args"])
         assert "livenessProbe" not in cs["bridge"]
         assert items(cluster, "services", selector, namespace) == []
     finally:
@@ -257,6 +262,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
     ({"bridge": {"registration": {"mode": "both"}}}, "mode"),
     ({"bridge": {"kubeletDir": "var/lib/kubelet"}}, "kubeletDir"),
     ({"operator": {"bindAddress": "localhost"}}, "bindAddress"),
+    ({"bridge": {"gc": {"highWaterPercent": 150}}}, "highWaterPercent"),
 ])
 def test_bad_values_are_refused_before_anything_is_created(cluster, namespace, helm, values, complaint):
     release = f"bad-{uuid.uuid4().hex[:6]}"

@@ -61,12 +61,13 @@ def publish_req(w, ns=None, volume="csi-1", target=None):
                            namespace=ns or w.ns, pod="owner-0", pod_uid=w.pod.metadata.uid, model="m")
 
 
-def delivery(w, name="d1", path="GraphOnly"):
+def delivery(w, name="d1", path="GraphOnly", source=None, digest=None, **spec):
     return w.custom.create_namespaced_custom_object(G, V, w.ns, "bundledeliveries", {
         "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": name},
         "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
-                 "model": "m", "bundle": {"source": f"file://{w.tmp}/v2", "digest": w.d2},
-                 "path": path}})
+                 "model": "m", "bundle": {"source": source or f"file://{w.tmp}/v2",
+                                          "digest": digest or w.d2},
+                 "path": path, **spec}})
 
 
 def wait_for(fn, timeout=40.0, what="condition"):
@@ -274,3 +275,112 @@ def test_half_publish_of_a_deleted_pod_is_released_and_a_live_pods_is_kept(world
         assert len(holders()) == 1
     finally:
         bridge.stop()
+
+
+def test_a_failed_delivery_is_retried_with_backoff_until_the_source_returns(world):
+    import threading
+
+    from bundle.sources import RetryPolicy, open_source, push
+    from bundle.sources.httpserve import BundleServer
+    from csi_bridge.deliveries import DeliveryWatcher
+    from csi_bridge.retries import Backoff
+    from localcluster.processes import free_port
+
+    w = world
+    port = free_port()
+    source = f"http://127.0.0.1:{port}/models/m"
+
+    def serve():
+        srv = BundleServer(w.tmp / "srv", port=port)
+        thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+        thread.start()
+        return srv, thread
+
+    def stop(srv, thread):
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+
+    srv = serve()
+    push(w.tmp / "v2", source)        # the server holds v2, then goes down
+    stop(*srv)
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                                 root=w.tmp / "data", authorize="api", api_client=w.api,
+                                 private_metrics=True)).start()
+    bridge.publisher.open_source = lambda uri: open_source(uri, RetryPolicy(attempts=2, backoff_seconds=0.01))
+    watcher = DeliveryWatcher(bridge, w.api, resync_seconds=1.0, backoff=Backoff(1.0, 2.0))
+    srv = None
+    try:
+        with CsiClient(w.tmp / "csi.sock") as c:
+            c.node.NodePublishVolume(publish_req(w))
+        watcher.start()
+        delivery(w, source=source)
+        failed = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("attempts", 0) >= 2
+                                   and o["status"]["phase"] == "Failed" else None)(get_delivery(w)),
+                          what="a second failed attempt")
+        st = failed["status"]
+        assert st["reason"] == "SourceUnavailable" and "Connection refused" in st["message"]
+        assert st["nextAttemptTime"] and "retrying at" in st["message"]
+        assert os.readlink(w.target / "current") == "revisions/" + w.d1.replace(":", "-")  # kept
+        srv = serve()                                   # the source returns
+        obj = wait_for(lambda: (lambda o: o if o["status"]["phase"] == "Staged" else None)(get_delivery(w)),
+                       what="Staged after the source returned")
+        assert obj["status"]["attempts"] > st["attempts"] and "nextAttemptTime" not in obj["status"]
+        assert obj["status"]["verified"] is True
+        assert (w.target / "current" / "graph.onnx").read_bytes() == V2["graph.onnx"]
+        events = [e.reason for e in w.core.list_namespaced_event(w.ns).items
+                  if e.involved_object.name == "d1"]
+        assert "DeliveryFailed" in events and "DeliveryStaged" in events
+        w.custom.delete_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1")
+        wait_for(lambda: get_delivery(w) is None, what="delivery deleted")
+    finally:
+        watcher.stop()
+        bridge.stop()
+        if srv is not None:
+            stop(*srv)
+
+
+def test_a_delivery_whose_spec_cannot_be_staged_is_not_retried(world):
+    w = world
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                                 root=w.tmp / "data", authorize="api", api_client=w.api,
+                                 deliveries=True, private_metrics=True,
+                                 delivery_retry_seconds=0.2)).start()
+    try:
+        with CsiClient(w.tmp / "csi.sock") as c:
+            c.node.NodePublishVolume(publish_req(w))
+        delivery(w, donor="sha256:" + "0" * 64)           # a donor the node lacks
+        st = wait_for(lambda: staged(w), what="Failed")["status"]
+        assert (st["phase"], st["reason"], st["attempts"]) == ("Failed", "PlanRefused", 1)
+        assert "nextAttemptTime" not in st and "not retried" in st["message"]
+        time.sleep(6)                                   # longer than a re-list and the backoff
+        assert get_delivery(w)["status"]["attempts"] == 1
+    finally:
+        bridge.stop()
+
+
+def test_a_delivery_the_store_has_no_room_for_fails_with_the_cause_and_keeps_the_volume(world):
+    from bundle.loopfs import loop_filesystem
+
+    w = world
+    big = make_bundle(w.tmp / "big", {"w.safetensors": os.urandom(12 << 20), "graph.onnx": b"big"})
+    with loop_filesystem("ext4", 8 << 20) as mnt:
+        bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                                     root=mnt / "data", authorize="api", api_client=w.api,
+                                     deliveries=True, private_metrics=True)).start()
+        try:
+            with CsiClient(w.tmp / "csi.sock") as c:
+                c.node.NodePublishVolume(publish_req(w))
+            delivery(w, path="WholeBundle", source=f"file://{w.tmp}/big", digest=big)
+            st = wait_for(lambda: staged(w), what="Failed")["status"]
+            assert (st["phase"], st["reason"]) == ("Failed", "StoreFull")
+            assert f"no space in the node store for {big} ({(12 << 20) + 3} bytes)" in st["message"]
+            assert st["nextAttemptTime"]                       # GC or a larger disk may help later
+            assert bridge.store.revisions() == [w.d1]          # nothing lost, nothing partial
+            assert os.readlink(w.target / "current") == "revisions/" + w.d1.replace(":", "-")
+            assert (w.target / "current" / "graph.onnx").read_bytes() == V1["graph.onnx"]
+            w.custom.delete_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1")
+            wait_for(lambda: get_delivery(w) is None, what="delivery deleted")
+        finally:
+            bridge.stop()
+            cleanup_mounts(w.tmp)

@@ -161,6 +161,36 @@ def test_failed_delivery_keeps_the_old_identity_and_degrades(cluster, namespace,
         wait_for(lambda: "Recovered" in api.reasons("lm"), what="the Recovered Event")
 
 
+def test_a_delivery_the_bridge_retries_degrades_the_model_with_its_cause_until_it_stages(
+        cluster, namespace, node, bundles):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    with running_operator(namespace):
+        api.create_model("lm", spec_for(bundles, "base", port))
+        wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
+        node.stage_deliveries.clear()
+        api.patch_spec("lm", {"bundle": spec_for(bundles, "rows", port)["bundle"]})
+        bd = wait_for(lambda: next(iter(deliveries(api)), None), what="the delivery")
+        name = bd["metadata"]["name"]
+        failure = {"phase": "Failed", "verified": False, "reason": "StoreFull", "attempts": 1,
+                   "message": "no space in the node store for the revision (attempt 1; retrying at soon)",
+                   "nextAttemptTime": "2030-01-01T00:00:00.000000Z"}
+        api.custom.patch_namespaced_custom_object_status(  # as the bridge reports a retried failure
+            "resident.dev", "v1alpha1", namespace, "bundledeliveries", name, {"status": failure})
+        s = wait_for(lambda: condition(api.model("lm"), "Degraded").get("reason") == "DeliveryFailed"
+                     and status(api), what="Degraded DeliveryFailed")
+        deg = condition({"status": s}, "Degraded")
+        assert deg["status"] == "True" and "StoreFull" in deg["message"] and "no space" in deg["message"]
+        assert s["phase"] == "Transitioning" and "transition" in s      # still waiting on the retry
+        node.stage_deliveries.set()                                     # the retry succeeds
+        api.custom.patch_namespaced_custom_object_status(
+            "resident.dev", "v1alpha1", namespace, "bundledeliveries", name,
+            {"status": {**failure, "attempts": 2}})
+        s = wait_for(lambda: ready_on(api, d["rows"]), what="Ready on rows after the retry")
+        assert condition({"status": s}, "Degraded")["status"] == "False"
+        assert s["lastTransition"]["result"] == "succeeded"
+
+
 def test_in_place_refused_for_a_graph_change_touches_nothing(cluster, namespace, node, bundles):
     root, d = bundles
     api, port = Api(cluster, namespace), free_port()

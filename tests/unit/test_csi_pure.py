@@ -158,3 +158,17 @@ def test_csi_bridge_imports_only_bundle_among_project_packages():
             for name in names:
                 assert name.split(".")[0] not in ("owner", "resident_operator", "localcluster"), \
                     f"{path.name} imports {name}"
+
+
+def test_delivery_retries_back_off_exponentially_up_to_a_cap_and_only_for_passing_failures():
+    from csi_bridge import retries
+    b = retries.Backoff(first_seconds=5, max_seconds=300)
+    assert [b.delay(n) for n in (1, 2, 3, 4, 6, 7, 20)] == [5, 10, 20, 40, 160, 300, 300]
+    at = retries.next_attempt("SourceUnavailable", 2, b, now=1_000_000.0)
+    assert at == retries.timestamp(1_000_010.0) and at.endswith("Z")
+    assert retries.next_attempt("PlanRefused", 1, b, now=0) is None
+    failed = {"phase": "Failed", "nextAttemptTime": at, "observedGeneration": 3, "attempts": 2}
+    assert not retries.due(failed, 1_000_009.0) and retries.due(failed, 1_000_010.0)
+    assert not retries.due({**failed, "phase": "Staged"}, 2e6)
+    assert not retries.due({"phase": "Failed"}, 2e6)             # final: no next attempt
+    assert retries.previous_attempts(failed, 3) == 2 and retries.previous_attempts(failed, 4) == 0

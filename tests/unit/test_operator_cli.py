@@ -7,7 +7,8 @@ import pytest
 
 from resident_operator import metrics
 from resident_operator.__main__ import main
-from resident_operator.structured_logs import JsonLines, QuietSuccesses
+from bundle.jsonlog import JSONLineFormatter
+from resident_operator.structured_logs import QuietSuccesses, WithoutKopfSettings
 
 
 @pytest.fixture(autouse=True)
@@ -46,11 +47,12 @@ def test_resident_cli_dispatches_to_the_operator(capsys):
 def test_json_log_lines_carry_extra_fields():
     rec = logging.LogRecord("resident_operator", logging.INFO, __file__, 1, "created %s", ("pod",), None)
     rec.model, rec.reason = "ns/m", "OwnerPodCreated"
-    doc = json.loads(JsonLines().format(rec))
-    assert (doc["message"], doc["model"], doc["reason"], doc["level"]) == ("created pod", "ns/m", "OwnerPodCreated", "info")
-    rec.settings = object()          # kopf attaches its settings object: not plain data, left out
+    doc = json.loads(JSONLineFormatter().format(rec))
+    assert (doc["msg"], doc["model"], doc["reason"], doc["level"]) == ("created pod", "ns/m", "OwnerPodCreated", "info")
+    rec.settings = object()          # kopf attaches its settings object: not data, left out
     rec.k8s_ref = {"name": "m"}
-    doc = json.loads(JsonLines().format(rec))
+    assert WithoutKopfSettings().filter(rec) is True
+    doc = json.loads(JSONLineFormatter().format(rec))
     assert "settings" not in doc and doc["k8s_ref"] == {"name": "m"}
     quiet = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler 'pod_changed' succeeded.", (), None)
     failed = logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, "Handler 'pod_changed' failed.", (), None)

@@ -226,3 +226,18 @@ def test_overhead_is_what_neither_the_bridge_nor_the_owner_reports():
     d = summarize(t, now=101.0 + 0.8)["durations"]     # planned at 100.0: total 1.8 s
     assert (d["stagingSeconds"], d["ownerSeconds"], d["totalSeconds"]) == (0.3, 0.25, 1.8)
     assert d["overheadSeconds"] == 1.25
+
+
+def test_a_retrying_delivery_keeps_the_owner_delivering_and_says_why():
+    t = state()
+    p = t.owners[0].model_copy(update={"step": Step.delivering, "delivery": "bd", "started_at": 100.0})
+    retrying = DeliveryObservation(phase="Failed", reason="StoreFull", message="no space in the node store",
+                                   attempts=2, next_attempt_time="2026-01-01T00:00:10Z")
+    d = step(t, p, healthy(delivery=retrying))
+    assert d.progress.step == Step.delivering and d.actions == []
+    assert d.progress.reason == "DeliveryFailed" and "StoreFull no space" in d.progress.message
+    staged = step(t, d.progress, healthy(delivery=DeliveryObservation(phase="Staged", verified=True)))
+    assert staged.progress.step == Step.applying and staged.progress.reason == ""
+    late = step(t, d.progress, healthy(delivery=retrying), now=800.0, timeout=600)
+    assert late.progress.step == Step.failed and late.progress.reason == "DeliveryFailed"
+    assert "no space" in late.progress.message and "within 600s" in late.progress.message

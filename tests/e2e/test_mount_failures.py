@@ -1,0 +1,46 @@
+"""A mount that cannot be made says why, on a real node: kubelet's FailedMount Event on the
+owner Pod carries the bridge's answer, and the mount succeeds once the source is whole.
+
+The bundle's manifest stays on the bundle server (so the operator places the model), but
+one of its files is removed: the bridge's fetch gets HTTP 404 for it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from localcluster.install import install
+from localcluster.node import LocalCluster
+from localcluster.scenario import BundleServer, Story, make_bundles, model_body
+
+SIZE = 1 << 20
+
+
+def failed_mounts(story: Story) -> list[str]:
+    return [e.message for e in story.core.list_namespaced_event(story.namespace).items
+            if e.reason == "FailedMount" and e.involved_object.kind == "Pod"]
+
+
+def test_a_404_at_the_source_shows_in_the_pods_failed_mount_and_the_mount_recovers(tmp_path):
+    revs, dirs = make_bundles(tmp_path, SIZE)
+    with LocalCluster() as cluster, BundleServer(tmp_path / "served", tmp_path / "logs") as server:
+        server.push(dirs["a"])
+        blobs = sorted((tmp_path / "served" / "blobs").iterdir(), key=lambda p: p.stat().st_size)
+        missing = blobs[-1]                    # the weights: manifest readable, a file 404s
+        missing.unlink()
+        installation = install(cluster)
+        cluster.kubectl("create", "namespace", "e2e-mount-failures")
+        cluster.wait_for_service_account("e2e-mount-failures")
+        story = Story(cluster, "e2e-mount-failures", "broken", installation.bridge_root)
+        story.apply(model_body(story.name, server.url, revs.a))
+        deadline = time.monotonic() + 180
+        while not (messages := [m for m in failed_mounts(story) if "HTTP 404" in m]):
+            assert time.monotonic() < deadline, failed_mounts(story)
+            time.sleep(1)
+        assert f"delivering {revs.a} from {server.url}" in messages[0]
+        assert missing.name in messages[0]     # the URL of the missing file
+        assert "Unavailable" in messages[0]    # the CSI code, as kubelet prints it
+        assert story.get()["status"].get("phase") != "Ready"
+        server.push(dirs["a"])                 # the file is back: kubelet's retry mounts it
+        story.wait_ready(revs.a)
+        story.delete_and_wait_gone()
