@@ -10,6 +10,8 @@ the bridge did with that content, so a restarted bridge can reconcile:
 - a *delivery* is one BundleDelivery object served into a publication's volume:
   ``staging``, ``staged`` or ``failed``, with the generation it answers and the status
   it reported (kept so a restarted bridge reports the same byte counts again).
+- a *possession* records that a namespace's source really served a bundle's manifest
+  (csi_bridge/possession.py): the right to mount content the store already holds.
 
 The file is opened in WAL mode with one connection shared under a lock: the bridge's
 writes are few and small, and a crash between two statements leaves each row whole.
@@ -49,6 +51,13 @@ CREATE TABLE IF NOT EXISTS deliveries (
     state       TEXT NOT NULL CHECK (state IN ('staging', 'staged', 'failed')),
     status_json TEXT NOT NULL DEFAULT '{}',
     updated     REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS possessions (
+    namespace TEXT NOT NULL,
+    source    TEXT NOT NULL,
+    digest    TEXT NOT NULL,
+    verified  REAL NOT NULL,
+    PRIMARY KEY (namespace, source, digest)
 );
 """
 
@@ -150,6 +159,18 @@ class BridgeState:
     def delete_delivery(self, uid: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM deliveries WHERE uid=?", (uid,))
+
+    # -- possessions -------------------------------------------------------------------
+    def proven(self, namespace: str, source: str, digest: str) -> bool:
+        with self._lock:
+            return self._db.execute(
+                "SELECT 1 FROM possessions WHERE namespace=? AND source=? AND digest=?",
+                (namespace, source, digest)).fetchone() is not None
+
+    def record_proof(self, namespace: str, source: str, digest: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO possessions VALUES (?, ?, ?, ?)",
+                             (namespace, source, digest, time.time()))
 
     def _select(self, cls, table: str, where: str, args: tuple) -> list:
         cols = [f.name for f in fields(cls)]

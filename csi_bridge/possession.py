@@ -1,0 +1,52 @@
+"""Possession, not knowledge: a namespace mounts a bundle only once its own source served it.
+
+Digests are not secret, and the node store shares content across namespaces. Namespace
+authorization (:mod:`csi_bridge.authorization`) checks that a ResidentModel of the Pod's
+namespace *declares* the digest and source; that alone would let a tenant copy another
+tenant's digest with a bogus source into its own ResidentModel and be served from the
+store. So before a publish is granted the bridge *proves* the namespace can read the
+bundle itself: it fetches the manifest of digest D from the source the namespace named
+and checks that its bytes hash to D (:meth:`bundle.sources.Source.fetch_manifest`).
+
+A proof is recorded per (namespace, source, digest) in the bridge's SQLite state, so it
+is asked of the source once, not on every Pod start, and survives restarts. It is not a
+bypass: it grants nothing to another namespace or another source, and authorization
+still runs before it on every new publication. A proof is never withdrawn: a source that
+later stops serving D does not unmount or refuse what it once proved (the bytes are the
+same; see docs/security.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from bundle.errors import BundleError
+from bundle.manifest import ManifestError
+
+log = logging.getLogger("resident.bridge.possession")
+
+
+class NotProven(Exception):
+    """The namespace's source did not serve the bundle's manifest (the reason is the message)."""
+
+
+class Possession:
+    def __init__(self, state, open_source):
+        self.state, self.open_source = state, open_source
+
+    def prove(self, namespace: str, source: str, digest: str) -> bool:
+        """Return True if already proven, False if proven now; raise NotProven otherwise."""
+        if self.state.proven(namespace, source, digest):
+            return True
+        try:
+            src = self.open_source(source)
+            try:
+                src.fetch_manifest(digest)  # raises unless the bytes hash to `digest`
+            finally:
+                src.close()
+        except (BundleError, ManifestError) as e:
+            raise NotProven(f"source {source} did not serve the manifest of {digest}: {e}") from e
+        self.state.record_proof(namespace, source, digest)
+        log.info(f"possession proven: {source} serves {digest}",
+                 extra={"namespace": namespace, "digest": digest})
+        return False
