@@ -13,7 +13,6 @@ file order; the last one uninstalls.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installed package
     sys.path.insert(0, str(REPO))
 
+from chart_accounts import service_account_token  # noqa: E402
 from charts.helmenv import CHART_DIR, Helm  # noqa: E402
 
 GROUP, VERSION = "resident.dev", "v1alpha1"
@@ -82,15 +82,6 @@ def labelled(cp, kinds: str, namespace: str | None = None) -> list[dict]:
 def established(cp, name: str) -> bool:
     conditions = get(cp, "crd", name).get("status", {}).get("conditions", [])
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-
-def service_account_token(core: client.CoreV1Api, namespace: str, name: str) -> str:
-    """The token the 1.20 token controller minted for the ServiceAccount."""
-    def secret_name():
-        sa = core.read_namespaced_service_account(name, namespace)
-        return sa.secrets and sa.secrets[0].name
-    secret = core.read_namespaced_secret(wait_for("the ServiceAccount token", secret_name), namespace)
-    return base64.b64decode(secret.data["token"]).decode()
 
 
 class Fresh:

@@ -300,9 +300,10 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
         for verb, resource in [("get", "residentmodels.resident.dev"),
                                ("watch", "bundledeliveries.resident.dev"),
                                ("patch", "bundledeliveries.resident.dev"),
-                               ("patch", "bundledeliveries.resident.dev/status"), ("create", "events")]:
+                               ("patch", "bundledeliveries.resident.dev/status"), ("create", "events"),
+                               ("get", "pods")]:  # the orphan sweep reads one Pod by name
             assert can("bridge", verb, resource), (verb, resource)
-        for verb, resource in [("get", "secrets"), ("create", "pods"), ("patch", "residentmodels.resident.dev"),
+        for verb, resource in [("get", "secrets"), ("create", "pods"), ("list", "pods"), ("watch", "pods"), ("patch", "residentmodels.resident.dev"),
                                ("patch", "residentmodels.resident.dev/status"),
                                ("create", "bundledeliveries.resident.dev"), ("get", "nodes")]:
             assert not can("bridge", verb, resource), (verb, resource)
