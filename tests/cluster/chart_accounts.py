@@ -55,7 +55,9 @@ def install(cluster) -> ChartAccounts:
     Helm(cluster.kubeconfig, NAMESPACE).install(RELEASE, {
         "crds": {"enabled": False}, "csiDriver": {"create": False},
         "metrics": {"service": False},
-        "operator": {"nodeSelector": NO_NODE}, "bridge": {"nodeSelector": NO_NODE}})
+        # the tests run the operator on one namespace each (t-<hex>), as watchNamespaces does
+        "operator": {"nodeSelector": NO_NODE, "watchNamespaces": ["t-*"]},
+        "bridge": {"nodeSelector": NO_NODE}})
     paths = {}
     for component in ("operator", "bridge"):
         token = service_account_token(core, NAMESPACE, f"{RELEASE}-resident-{component}")
