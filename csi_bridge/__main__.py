@@ -55,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
                         "'allow-any' is for conformance suites only")
     p.add_argument("--authorize-file", type=Path, default=env("RESIDENT_BRIDGE_AUTHORIZE_FILE"),
                    help='JSON {"namespace": ["sha256:...", ...]} for --authorize=static')
+    p.add_argument("--pods-dir", type=Path,
+                   default=Path(env("RESIDENT_BRIDGE_PODS_DIR", "/var/lib/kubelet/pods")),
+                   help="kubelet's pods directory: publish and unpublish targets outside it are "
+                        "refused (env RESIDENT_BRIDGE_PODS_DIR; set it for a non-default kubelet root)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"),
                    help="kubeconfig for API access (default: in-cluster service account)")
     p.add_argument("--deliveries", action="store_true",
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             kubelet_endpoint=args.kubelet_endpoint, publish_wait_seconds=args.publish_wait,
             deliveries=args.deliveries, gc_high_water_bytes=args.gc_high_water_bytes,
             gc_low_water_bytes=args.gc_low_water_bytes, gc_interval_seconds=args.gc_interval,
-            orphan_grace_seconds=args.orphan_grace))
+            orphan_grace_seconds=args.orphan_grace, pods_dir=args.pods_dir))
         bridge.start()
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)

@@ -3,9 +3,10 @@
 ``Bridge(config)`` opens the node store (``<root>/store``), the bridge database
 (``<root>/bridge.db``) and the volume directories (``<root>/volumes``), all on one
 filesystem so revision trees can be hardlinks. ``start()`` reconciles first, then serves
-CSI on the unix socket (a stale socket file is removed before binding), optionally the
-kubelet registration socket, ``/metrics`` on 127.0.0.1, and the BundleDelivery watch.
-``stop()`` stops them in reverse order; mounts stay (they belong to the Pods).
+CSI on the unix socket (a stale socket file is removed before binding; the socket is
+mode 0660, for root and the process's group), optionally the kubelet registration
+socket, ``/metrics`` on 127.0.0.1, and the BundleDelivery watch. ``stop()`` stops them
+in reverse order; mounts stay (they belong to the Pods).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .state import BridgeState
 log = logging.getLogger("resident.bridge")
 VERSION = "0.1.0"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL
+SOCKET_MODE = 0o660    # owner (root: kubelet) and the process's group (the non-root sidecars)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class BridgeConfig:
     gc_low_water_bytes: int | None = None   # default 80% of high
     gc_interval_seconds: float = 300.0
     orphan_grace_seconds: float = 600.0   # half-publishes of deleted Pods (needs api_client)
+    pods_dir: Path | None = None          # targets must lie under it (kubelet's pods dir); None: anywhere
     extra: dict = field(default_factory=dict)
 
 
@@ -114,7 +117,7 @@ class Bridge:
         self.publisher.gc_guard = self.collector.guard
         self.publisher.after_unpublish = self.collector.collect
         self.identity = IdentityServicer(VERSION, self.health)
-        self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds)
+        self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds, c.pods_dir)
         self.registration: RegistrationServicer | None = None
         self.reconciled: Report | None = None
         self._servers: list[grpc.Server] = []
@@ -152,13 +155,16 @@ class Bridge:
         csi_pb2_grpc.add_IdentityServicer_to_server(self.identity, server)
         csi_pb2_grpc.add_NodeServicer_to_server(self.node, server)
         server.start()
+        os.chmod(self.socket, SOCKET_MODE)
         self._servers.append(server)
         if c.registration_dir is not None:
             from .registration import socket_name
             self.registration = RegistrationServicer(DRIVER_NAME, c.kubelet_endpoint or str(self.socket))
-            reg = self._grpc_server(Path(c.registration_dir) / socket_name(DRIVER_NAME))
+            reg_socket = Path(c.registration_dir) / socket_name(DRIVER_NAME)
+            reg = self._grpc_server(reg_socket)
             pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
             reg.start()
+            os.chmod(reg_socket, SOCKET_MODE)
             self._servers.append(reg)
         if c.metrics_port is not None:
             from prometheus_client import start_http_server

@@ -238,7 +238,7 @@ def can_connect_as(path: str, uid: int, gid: int) -> bool:
 
 
 def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
-    """The DaemonSet's plugin command (umask wrapper, args), with its paths under a scratch
+    """The DaemonSet's plugin command and args, with its paths under a scratch
     directory, its runAsGroup, and the bridge ServiceAccount's token."""
     ds = fresh.apps.read_namespaced_daemon_set(f"{RELEASE}-bridge", NAMESPACE)
     c = next(c for c in ds.spec.template.spec.containers if c.name == "bridge")
@@ -262,6 +262,7 @@ def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
         # the non-root livenessprobe sidecar (its uid, the socket group) may connect; others may not
         sidecar_uid = sidecar.security_context.run_as_user
         assert sidecar.security_context.run_as_group == group
+        assert socket_path.stat().st_mode & 0o777 == 0o660 and socket_path.stat().st_gid == group
         assert can_connect_as(str(socket_path), sidecar_uid, group)
         assert not can_connect_as(str(socket_path), sidecar_uid, sidecar_uid)
         assert "resident_" in requests.get(f"http://127.0.0.1:{fresh.ports['bridge']}/metrics", timeout=5).text
