@@ -70,13 +70,14 @@ def operator_env(**env: str) -> dict[str, str]:
 
 
 @contextmanager
-def running_operator(namespace: str, **env: str):
-    """The operator, in-process, watching ``namespace``; stopped on exit."""
+def running_operator(namespace: str, *kopf_flags: str, **env: str):
+    """The operator, in-process, watching ``namespace``; stopped on exit. ``kopf_flags``
+    go to ``kopf run`` (e.g. ``--verbose``)."""
     wanted = operator_env(**env)
     saved = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     try:
-        with KopfRunner(["run", "--standalone", "-n", namespace, "-m", "resident_operator"],
+        with KopfRunner(["run", "--standalone", *kopf_flags, "-n", namespace, "-m", "resident_operator"],
                         timeout=60) as runner:
             yield runner
     finally:
