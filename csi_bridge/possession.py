@@ -8,6 +8,10 @@ store. So before a publish is granted the bridge *proves* the namespace can read
 bundle itself: it fetches the manifest of digest D from the source the namespace named
 and checks that its bytes hash to D (:meth:`bundle.sources.Source.fetch_manifest`).
 
+A ``file://`` source is a path on the node as the bridge sees it. One inside the bridge's
+own directories (its store holds every revision's manifest) or inside kubelet's pods
+directory (other Pods' volumes) proves nothing and is refused.
+
 A proof is recorded per (namespace, source, digest) in the bridge's SQLite state, so it
 is asked of the source once, not on every Pod start, and survives restarts. It is not a
 bypass: it grants nothing to another namespace or another source, and authorization
@@ -19,9 +23,11 @@ same; see docs/security.md).
 from __future__ import annotations
 
 import logging
+import os
 
 from bundle.errors import BundleError
 from bundle.manifest import ManifestError
+from bundle.sources.file import dir_from_uri
 
 log = logging.getLogger("resident.bridge.possession")
 
@@ -31,13 +37,20 @@ class NotProven(Exception):
 
 
 class Possession:
-    def __init__(self, state, open_source):
+    def __init__(self, state, open_source, protected_dirs=()):
         self.state, self.open_source = state, open_source
+        # node directories holding every tenant's bundles: no file:// proof from inside them
+        self.protected = [os.path.realpath(d) for d in protected_dirs if d is not None]
 
     def prove(self, namespace: str, source: str, digest: str) -> bool:
         """Return True if already proven, False if proven now; raise NotProven otherwise."""
         if self.state.proven(namespace, source, digest):
             return True
+        inside = self._protected_dir(source)
+        if inside is not None:
+            raise NotProven(f"source {source} lies in {inside}, which holds every namespace's "
+                            "bundles on this node; it cannot show that the namespace may read "
+                            f"{digest}") from ManifestError(f"{source}: a protected node directory")
         try:
             src = self.open_source(source)
             try:
@@ -50,3 +63,13 @@ class Possession:
         log.info(f"possession proven: {source} serves {digest}",
                  extra={"namespace": namespace, "digest": digest})
         return False
+
+    def _protected_dir(self, source: str) -> str | None:
+        if not source.startswith("file:"):
+            return None
+        try:
+            path = os.path.realpath(dir_from_uri(source))
+        except ManifestError:
+            return None  # not a usable file:// URI: opening the source says why
+        return next((d for d in self.protected if path == d or path.startswith(d.rstrip("/") + "/")),
+                    None)

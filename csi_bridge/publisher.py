@@ -57,12 +57,12 @@ def lease_holder(volume_dir: str | Path) -> str:
 
 class Publisher:
     def __init__(self, store, state: BridgeState, volumes_root: Path, authorizer: Authorizer,
-                 metrics: BridgeMetrics, locks: VolumeLocks, open_source):
+                 metrics: BridgeMetrics, locks: VolumeLocks, open_source, protected_dirs=()):
         self.store, self.state, self.authorizer = store, state, authorizer
         self.volumes_root = Path(volumes_root)
         self.metrics, self.locks = metrics, locks
         self.open_source = open_source
-        self.possession = Possession(state, open_source)
+        self.possession = Possession(state, open_source, protected_dirs)
         self.fetches = Fetches(self._materialize)
         self.gc_guard = threading.Lock()  # replaced by the Collector's guard when GC runs
         self.after_unpublish = None       # e.g. Collector.collect

@@ -111,7 +111,8 @@ class Bridge:
                                                       static_file=c.authorize_file)
         self.locks = VolumeLocks()
         self.publisher = Publisher(self.store, self.state, self.volumes_root, self.authorizer,
-                                   self.metrics, self.locks, open_source)
+                                   self.metrics, self.locks, open_source,
+                                   protected_dirs=(c.root, c.pods_dir))
         self.collector = Collector(self.store, c.gc_high_water_bytes, c.gc_low_water_bytes,
                                    c.gc_interval_seconds)
         self.publisher.gc_guard = self.collector.guard

@@ -52,7 +52,8 @@ def world(tmp_path):
     def start():
         w.bridge = Bridge(BridgeConfig(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-a",
                                        root=tmp_path / "data", authorize="static",
-                                       authorize_file=policy, private_metrics=True)).start()
+                                       authorize_file=policy, private_metrics=True,
+                                       pods_dir=tmp_path / "kubelet" / "pods")).start()
     w.start = start
     start()
     try:
@@ -127,3 +128,15 @@ def test_a_source_that_does_not_serve_an_uncached_digest_fails_as_a_fetch(world)
     e = refused(w, "team-b", w.servers["b-bogus"].url, "b1")
     assert e.code() == grpc.StatusCode.DATA_LOSS and "integrity mismatch" in e.details()
     assert not w.bridge.store.has_revision(w.digest)
+
+
+def test_node_copies_of_the_bundle_are_no_source(world):
+    """file:// names a node path as the bridge sees it: its own store and other Pods'
+    volumes hold the manifest of every bundle on the node, so they prove nothing."""
+    w = world
+    a = publish(w, "team-a", w.servers["a"].url, "a1")
+    for node_copy in (w.bridge.store.revision_path(w.digest), a / "current"):
+        e = refused(w, "team-b", f"file://{node_copy}", "b1")
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e.details()
+        assert "holds every namespace's bundles" in e.details()
+    assert not w.bridge.state.proven("team-b", f"file://{a / 'current'}", w.digest)

@@ -85,8 +85,8 @@ def test_metrics_logs_and_registration(short_tmp):
         "--registration-dir", str(reg_dir), "--kubelet-endpoint", "/var/lib/kubelet/plugins/x/csi.sock"))
     bridge.args[bridge.args.index("--metrics-port") + 1] = str(port)
     bridge.start()
-    target = tmp_path / "pod" / "mount"
-    target.parent.mkdir()
+    target = tmp_path / "kubelet" / "pod" / "mount"
+    target.parent.mkdir(parents=True)
     try:
         # kubelet's side of plugin registration, over the real socket.
         with grpc.insecure_channel(f"unix://{reg_dir}/bundles.resident.dev-reg.sock") as ch:
