@@ -33,7 +33,11 @@ log = logging.getLogger("resident.bridge.possession")
 
 
 class NotProven(Exception):
-    """The namespace's source did not serve the bundle's manifest (the reason is the message)."""
+    """The namespace's source did not serve the bundle's manifest; ``cause`` is the failure."""
+
+    def __init__(self, message: str, cause: Exception):
+        super().__init__(message)
+        self.cause = cause
 
 
 class Possession:
@@ -50,7 +54,7 @@ class Possession:
         if inside is not None:
             raise NotProven(f"source {source} lies in {inside}, which holds every namespace's "
                             "bundles on this node; it cannot show that the namespace may read "
-                            f"{digest}") from ManifestError(f"{source}: a protected node directory")
+                            f"{digest}", ManifestError(f"{source}: a protected node directory"))
         try:
             src = self.open_source(source)
             try:
@@ -58,7 +62,7 @@ class Possession:
             finally:
                 src.close()
         except (BundleError, ManifestError) as e:
-            raise NotProven(f"source {source} did not serve the manifest of {digest}: {e}") from e
+            raise NotProven(f"source {source} did not serve the manifest of {digest}: {e}", e) from e
         self.state.record_proof(namespace, source, digest)
         log.info(f"possession proven: {source} serves {digest}",
                  extra={"namespace": namespace, "digest": digest})

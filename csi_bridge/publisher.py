@@ -159,7 +159,7 @@ class Publisher:
                 raise CsiError(grpc.StatusCode.PERMISSION_DENIED,
                                f"namespace {ns!r} may not mount {digest}: {e}; a digest alone "
                                "grants no access to a bundle") from None
-            raise from_bundle_error(e.__cause__, f"delivering {digest}") from None
+            raise from_bundle_error(e.cause, f"delivering {digest}") from None
 
     def _materialized(self, args: PublishArgs, wait_seconds: float) -> None:
         digest = args.bundle.digest

@@ -62,6 +62,13 @@ def world(cluster, namespace, chart_accounts):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def in_process_bridge(w, **config) -> Bridge:
+    """The bridge in this process, authenticated as the chart's bridge ServiceAccount."""
+    return Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                               root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
+                               private_metrics=True, **config)).start()
+
+
 def publish_req(w, ns=None, volume="csi-1", target=None):
     return publish_request(volume, target or w.target, w.d1, f"file://{w.tmp}/v1",
                            namespace=ns or w.ns, pod="owner-0", pod_uid=w.pod.metadata.uid, model="m")
@@ -115,9 +122,7 @@ def test_namespace_authorization_reads_resident_models(world):
     w = world
     other = f"t-{uuid.uuid4().hex[:10]}"
     w.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
-    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
-                                 private_metrics=True)).start()
+    bridge = in_process_bridge(w)
     try:
         with CsiClient(w.tmp / "csi.sock") as c:
             # Same digest, same model name, but from another namespace: refused.
@@ -144,9 +149,7 @@ def test_namespace_authorization_reads_resident_models(world):
 
 def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(world):
     w = world
-    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
-                                 deliveries=True, private_metrics=True)).start()
+    bridge = in_process_bridge(w, deliveries=True)
     try:
         with CsiClient(w.tmp / "csi.sock") as c:
             c.node.NodePublishVolume(publish_req(w))
@@ -198,9 +201,7 @@ def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(wor
 
 def test_delivery_for_an_unpublished_pod_stays_pending(world):
     w = world
-    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
-                                 deliveries=True, private_metrics=True)).start()
+    bridge = in_process_bridge(w, deliveries=True)
     try:
         delivery(w)
         obj = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("phase") else None)(get_delivery(w)),
@@ -305,9 +306,7 @@ def test_a_copied_digest_with_a_bogus_source_is_refused(world):
     but B's source does not serve the bundle, so the node's copy is not B's to mount."""
     w = world
     other = other_namespace(w)
-    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
-                                 private_metrics=True)).start()
+    bridge = in_process_bridge(w)
     try:
         with CsiClient(w.tmp / "csi.sock") as c:
             c.node.NodePublishVolume(publish_req(w))   # A's model, A's source: the store holds d1
@@ -331,9 +330,7 @@ def test_deliveries_across_namespaces_or_for_undeclared_revisions_are_refused(wo
     w = world
     other = other_namespace(w)
     create_model(w, other, w.d2, f"file://{w.tmp}/v2")   # B declares d2: only the namespace is wrong
-    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
-                                 deliveries=True, private_metrics=True)).start()
+    bridge = in_process_bridge(w, deliveries=True)
     try:
         with CsiClient(w.tmp / "csi.sock") as c:
             c.node.NodePublishVolume(publish_req(w))
