@@ -334,6 +334,24 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
         helm.uninstall(release)
 
 
+def test_owner_network_policies_go_to_every_listed_namespace(cluster, namespace, helm):
+    release = f"np-{uuid.uuid4().hex[:6]}"
+    helm.install(release, {"crds": {"enabled": False}, "csiDriver": {"create": False},
+                           "bridge": {"enabled": False},
+                           "operator": {"owner": {"networkPolicy": {
+                               "namespaces": [namespace, "default"],
+                               "operatorNamespaceLabels": {"team": "platform"}}}}})
+    try:
+        for ns in (namespace, "default"):
+            spec = get(cluster, "networkpolicy", "-n", ns, f"{release}-resident-owner-control")["spec"]
+            peer, = spec["ingress"][0]["from"]
+            assert peer["namespaceSelector"] == {"matchLabels": {"team": "platform"}}
+            assert spec["ingress"][0]["ports"] == [{"port": "control", "protocol": "TCP"}]
+    finally:
+        helm.uninstall(release)
+    assert items(cluster, "networkpolicies", f"{INSTANCE}={release}", "default") == []
+
+
 def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):
     """The DaemonSet controller makes a real bridge Pod once a Node exists, and the API
     server admits it: privileged plugin, Bidirectional propagation, non-root sidecar."""
