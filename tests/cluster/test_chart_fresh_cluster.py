@@ -199,8 +199,8 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     def recorded():
         m = custom.get_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
         kinds = sorted(c["kind"] for c in (m.get("status") or {}).get("children") or [])
-        return kinds == ["Pod", "Secret"] and m
-    m = wait_for("the owner Pod and token Secret in status.children", recorded, proc=proc)
+        return kinds == ["Pod", "PodDisruptionBudget", "Secret", "Service"] and m
+    m = wait_for("the owner Pod, token Secret, Service and budget in status.children", recorded, proc=proc)
     assert "resident.dev/cleanup" in m["metadata"]["finalizers"]
     assert core.read_namespaced_secret(f"{name}-owner-token", "models").data["token"]
     pod = core.read_namespaced_pod(f"{name}-owner-0", "models")
@@ -213,6 +213,7 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     wait_for("the model to be gone", lambda: _gone(custom, "models", "residentmodels", name), proc=proc)
     assert core.list_namespaced_pod("models", label_selector=f"resident.dev/model={name}").items == []
     assert core.list_namespaced_secret("models", label_selector=f"resident.dev/model={name}").items == []
+    assert core.list_namespaced_service("models", label_selector=f"resident.dev/model={name}").items == []
 
 
 def can_connect_as(path: str, uid: int, gid: int) -> bool:
