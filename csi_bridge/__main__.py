@@ -55,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
                         "'allow-any' is for conformance suites only")
     p.add_argument("--authorize-file", type=Path, default=env("RESIDENT_BRIDGE_AUTHORIZE_FILE"),
                    help='JSON {"namespace": ["sha256:...", ...]} for --authorize=static')
+    p.add_argument("--pods-dir", type=Path,
+                   default=Path(env("RESIDENT_BRIDGE_PODS_DIR", "/var/lib/kubelet/pods")),
+                   help="kubelet's pods directory: publish and unpublish targets outside it are "
+                        "refused (env RESIDENT_BRIDGE_PODS_DIR; set it for a non-default kubelet root)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"),
                    help="kubeconfig for API access (default: in-cluster service account)")
     p.add_argument("--deliveries", action="store_true",
@@ -139,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             gc_low_water_percent=args.gc_low_water_percent,
             orphan_grace_seconds=args.orphan_grace,
             delivery_retry_seconds=args.delivery_retry_seconds,
-            delivery_retry_max_seconds=args.delivery_retry_max_seconds))
+            delivery_retry_max_seconds=args.delivery_retry_max_seconds,
+            pods_dir=args.pods_dir))
         bridge.start()
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)

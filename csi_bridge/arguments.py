@@ -101,6 +101,21 @@ def check_path(path: str, field: str) -> str:
     return path.rstrip("/")
 
 
+def check_confined(path: str, pods_dir: str | None) -> None:
+    """``path`` lies strictly under kubelet's pods directory once symlinks are resolved.
+
+    kubelet only ever asks for targets under ``<kubelet root>/pods``; anything else (a
+    node path such as /etc, or a symlink inside the pods directory that leads out of it)
+    is refused before the bridge creates, mounts or removes anything there.
+    """
+    if pods_dir is None:
+        return
+    root = posixpath.realpath(pods_dir)
+    if not posixpath.realpath(path).startswith(root.rstrip("/") + "/"):
+        raise invalid(f"target_path {path[:200]!r} is outside kubelet's pods directory "
+                      f"{pods_dir} (--pods-dir); refused")
+
+
 def check_capability(req: csi_pb2.NodePublishVolumeRequest) -> None:
     if not req.HasField("volume_capability"):
         raise invalid("volume_capability is required")

@@ -122,8 +122,9 @@ class ApiPolicy:
         except Exception as e:  # network errors: fail closed, say why
             raise Denied(f"cannot read ResidentModels in {ns!r}: {type(e).__name__}: {e}") from None
         if not any(model_declares(m, bundle) for m in models):
-            what = f"ResidentModel {bundle.model!r}" if bundle.model else "no ResidentModel"
-            raise Denied(f"{what} in namespace {ns!r} declares bundle {bundle.digest} "
+            who = f"ResidentModel {bundle.model!r}" if bundle.model else "no ResidentModel"
+            verb = "does not declare" if bundle.model else "declares"
+            raise Denied(f"{who} in namespace {ns!r} {verb} bundle {bundle.digest} "
                          f"from {bundle.source}")
 
 

@@ -1,6 +1,7 @@
 """CSI Node service: thin gRPC handlers over the argument checks and the publisher.
 
-Each handler validates its request (``arguments``), calls the publisher, and turns a
+Each handler validates its request (``arguments``; publish and unpublish targets must lie
+under kubelet's pods directory when one is configured), calls the publisher, and turns a
 :class:`CsiError` into ``context.abort(code, message)``. Staging is not offered, so
 NodeStageVolume/NodeUnstageVolume/NodeExpandVolume answer UNIMPLEMENTED (the generated
 base class does that). The only capability advertised is GET_VOLUME_STATS.
@@ -24,10 +25,12 @@ KUBELET_TIMEOUT_SECONDS = 120
 
 
 class NodeServicer(csi_pb2_grpc.NodeServicer):
-    def __init__(self, publisher: Publisher, node_id: str, publish_wait_seconds: float = 100.0):
+    def __init__(self, publisher: Publisher, node_id: str, publish_wait_seconds: float = 100.0,
+                 pods_dir=None):
         if not node_id:
             raise ValueError("node id is required (--node-id or NODE_NAME)")
         self.publisher, self.node_id = publisher, node_id
+        self.pods_dir = None if pods_dir is None else str(pods_dir)  # targets must lie under it
         self.publish_wait_seconds = publish_wait_seconds
         self.metrics = publisher.metrics
 
@@ -42,6 +45,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         start, result = time.monotonic(), "error"
         try:
             args = arguments.check_publish(request)
+            arguments.check_confined(args.target_path, self.pods_dir)
             remaining = context.time_remaining()
             wait = self.publish_wait_seconds
             if remaining is not None:
@@ -65,6 +69,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         start, result = time.monotonic(), "error"
         try:
             args = arguments.check_unpublish(request)
+            arguments.check_confined(args.target_path, self.pods_dir)
             result = self.publisher.unpublish(args)
             return csi_pb2.NodeUnpublishVolumeResponse()
         except CsiError as e:

@@ -5,7 +5,9 @@ up where the last attempt stopped):
 
 1. Compare with the publication already recorded at the target: the same volume and
    bundle answers OK once its mount checks out; anything else is ALREADY_EXISTS.
-2. Authorize the Pod's namespace (no filesystem work before this).
+2. Authorize the Pod's namespace (no filesystem work before this), and prove that the
+   namespace's source serves the bundle (:mod:`csi_bridge.possession`): knowing a digest
+   the store holds is not enough to mount it.
 3. Materialize the revision in the store, in the background if it takes long: ABORTED
    with progress while bytes arrive; UNAVAILABLE when the fetch is stalled; the last
    failure's own code and message while a retry after a failure runs (a failure is
@@ -40,6 +42,7 @@ from .authorization import Authorizer, Denied
 from .fetches import Fetch, Fetches
 from .locks import VolumeLocks
 from .metrics import BridgeMetrics
+from .possession import NotProven, Possession
 from .state import BridgeState, Publication
 from .status import CsiError, from_bundle_error
 
@@ -57,11 +60,12 @@ def lease_holder(volume_dir: str | Path) -> str:
 
 class Publisher:
     def __init__(self, store, state: BridgeState, volumes_root: Path, authorizer: Authorizer,
-                 metrics: BridgeMetrics, locks: VolumeLocks, open_source):
+                 metrics: BridgeMetrics, locks: VolumeLocks, open_source, protected_dirs=()):
         self.store, self.state, self.authorizer = store, state, authorizer
         self.volumes_root = Path(volumes_root)
         self.metrics, self.locks = metrics, locks
         self.open_source = open_source
+        self.possession = Possession(state, open_source, protected_dirs)
         self.fetches = Fetches(self._materialize)
         self.gc_guard = threading.Lock()  # replaced by the Collector's guard when GC runs
         self.collect = lambda: None       # Collector.collect: after a new publication or an unpublish
@@ -97,6 +101,7 @@ class Publisher:
                     self.authorizer.authorize(args.pod, args.bundle)
                 except Denied as e:
                     raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
+                self._prove(args)
             self._materialized(args, wait_seconds)
             with self.gc_guard:  # no GC between "the revision is there" and "it is leased"
                 if not self.store.has_revision(args.bundle.digest):
@@ -152,6 +157,18 @@ class Publisher:
         except mounts.MountError:
             return False
         return volumes.current_digest(Path(rec.volume_dir)) is not None
+
+    def _prove(self, args: PublishArgs) -> None:
+        """The namespace's own source must serve the bundle before the store may serve it."""
+        digest, ns = args.bundle.digest, args.pod.namespace
+        try:
+            self.possession.prove(ns, args.bundle.source, digest)
+        except NotProven as e:
+            if self.store.has_revision(digest):  # content is here; the right to it is not
+                raise CsiError(grpc.StatusCode.PERMISSION_DENIED,
+                               f"namespace {ns!r} may not mount {digest}: {e}; a digest alone "
+                               "grants no access to a bundle") from None
+            raise from_bundle_error(e.cause, f"delivering {digest}") from None
 
     def _materialized(self, args: PublishArgs, wait_seconds: float) -> None:
         digest = args.bundle.digest

@@ -3,9 +3,10 @@
 ``Bridge(config)`` opens the node store (``<root>/store``), the bridge database
 (``<root>/bridge.db``) and the volume directories (``<root>/volumes``), all on one
 filesystem so revision trees can be hardlinks. ``start()`` reconciles first, then serves
-CSI on the unix socket (a stale socket file is removed before binding), optionally the
-kubelet registration socket, ``/metrics`` on 127.0.0.1, and the BundleDelivery watch.
-``stop()`` stops them in reverse order; mounts stay (they belong to the Pods).
+CSI on the unix socket (a stale socket file is removed before binding; the socket is
+mode 0660, for root and the process's group), optionally the kubelet registration
+socket, ``/metrics`` on 127.0.0.1, and the BundleDelivery watch. ``stop()`` stops them
+in reverse order; mounts stay (they belong to the Pods).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .state import BridgeState
 log = logging.getLogger("resident.bridge")
 VERSION = "0.1.0"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL
+SOCKET_MODE = 0o660    # owner (root: kubelet) and the process's group (the non-root sidecars)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class BridgeConfig:
     orphan_grace_seconds: float = 600.0   # half-publishes of deleted Pods (needs api_client)
     delivery_retry_seconds: float = 5.0   # first wait before a Failed delivery is staged again
     delivery_retry_max_seconds: float = 300.0  # the doubling waits stop growing here
+    pods_dir: Path | None = None          # targets must lie under it (kubelet's pods dir); None: anywhere
     extra: dict = field(default_factory=dict)
 
 
@@ -112,7 +115,8 @@ class Bridge:
                                                       static_file=c.authorize_file)
         self.locks = VolumeLocks()
         self.publisher = Publisher(self.store, self.state, self.volumes_root, self.authorizer,
-                                   self.metrics, self.locks, open_source)
+                                   self.metrics, self.locks, open_source,
+                                   protected_dirs=(c.root, c.pods_dir))
         self.collector = Collector(self.store, c.gc_high_water_bytes, c.gc_low_water_bytes,
                                    c.gc_interval_seconds, c.gc_high_water_percent,
                                    c.gc_low_water_percent)
@@ -120,7 +124,7 @@ class Bridge:
         self.publisher.collect = self.collector.collect
         self.metrics.watch_store(self.store, self.collector)
         self.identity = IdentityServicer(VERSION, self.health)
-        self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds)
+        self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds, c.pods_dir)
         self.registration: RegistrationServicer | None = None
         self.reconciled: Report | None = None
         self._servers: list[grpc.Server] = []
@@ -158,13 +162,16 @@ class Bridge:
         csi_pb2_grpc.add_IdentityServicer_to_server(self.identity, server)
         csi_pb2_grpc.add_NodeServicer_to_server(self.node, server)
         server.start()
+        os.chmod(self.socket, SOCKET_MODE)
         self._servers.append(server)
         if c.registration_dir is not None:
             from .registration import socket_name
             self.registration = RegistrationServicer(DRIVER_NAME, c.kubelet_endpoint or str(self.socket))
-            reg = self._grpc_server(Path(c.registration_dir) / socket_name(DRIVER_NAME))
+            reg_socket = Path(c.registration_dir) / socket_name(DRIVER_NAME)
+            reg = self._grpc_server(reg_socket)
             pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
             reg.start()
+            os.chmod(reg_socket, SOCKET_MODE)
             self._servers.append(reg)
         if c.metrics_port is not None:
             from prometheus_client import start_http_server

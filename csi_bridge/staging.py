@@ -4,7 +4,9 @@ A BundleDelivery asks for revision X in the live volume of Pod P by path GraphOn
 WholeBundle, optionally rebased on a donor (the volume's current revision by default).
 Staging, in order, each step repeatable:
 
-1. find the Pod's published volume (by Pod UID, and model when given);
+1. find the Pod's published volume (by Pod UID, and model when given), and authorize the
+   delivery like a publish: its namespace must be the Pod's, and a ResidentModel there
+   must declare the revision (the bridge's authorizer); a refusal takes no lease;
 2. record the delivery ``staging`` and take its lease (holder ``delivery:<uid>``);
 3. materialize X in the store by the requested path, with the donor if the store has it
    (the store reports the method used and any fallback, e.g. rebase refused under
@@ -29,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from bundle.errors import IntegrityMismatch, PlanError, SourceUnavailable, StoreError, StoreFull
 from bundle.manifest import MANIFEST_NAME, ManifestError, revision_dirname
 from . import faults, volumes
+from .arguments import BundleRef, PodRef
+from .authorization import Denied
 from .state import Delivery, Publication
 from .status import CsiError
 
@@ -83,11 +87,27 @@ def find_volume(state, spec: DeliverySpec) -> Publication:
     return sorted(pubs, key=lambda p: p.target_path)[0]
 
 
+def authorize(bridge, namespace: str, spec: DeliverySpec, pub: Publication) -> None:
+    """Staging is authorized like publishing; raise StageFailed when it is not."""
+    if namespace != pub.pod_namespace:
+        raise StageFailed("NamespaceMismatch",
+                          f"a BundleDelivery of namespace {namespace!r} may not stage into the "
+                          f"volume of Pod {spec.pod_name} (uid {spec.pod_uid}), which belongs to "
+                          f"namespace {pub.pod_namespace or '(unknown)'!r}")
+    try:
+        bridge.authorizer.authorize(
+            PodRef(namespace=namespace, name=spec.pod_name, uid=spec.pod_uid),
+            BundleRef(digest=spec.bundle.digest, source=spec.bundle.source, model=spec.model))
+    except Denied as e:
+        raise StageFailed("NotAuthorized", str(e)) from None
+
+
 def stage(bridge, uid: str, namespace: str, name: str, generation: int,
           spec: DeliverySpec, attempt: int = 1) -> dict:
     """Stage ``spec`` for delivery ``uid``; return the status to report (phase Staged)."""
     store, state = bridge.store, bridge.state
     pub = find_volume(state, spec)
+    authorize(bridge, namespace, spec, pub)
     digest = spec.bundle.digest
     try:
         lock = bridge.locks.hold(f"target {pub.target_path}")

@@ -15,6 +15,8 @@ the bridge did with that content, so a restarted bridge can reconcile:
   attempts failed in a row. A successful fetch removes it. While a retry runs, the publish
   answers with this failure instead of "in progress", so kubelet's FailedMount keeps
   naming the cause.
+- a *possession* records that a namespace's source really served a bundle's manifest
+  (csi_bridge/possession.py): the right to mount content the store already holds.
 
 The file is opened in WAL mode with one connection shared under a lock: the bridge's
 writes are few and small, and a crash between two statements leaves each row whole.
@@ -62,6 +64,13 @@ CREATE TABLE IF NOT EXISTS fetch_failures (
     message  TEXT NOT NULL,
     failures INTEGER NOT NULL,
     updated  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS possessions (
+    namespace TEXT NOT NULL,
+    source    TEXT NOT NULL,
+    digest    TEXT NOT NULL,
+    verified  REAL NOT NULL,
+    PRIMARY KEY (namespace, source, digest)
 );
 """
 
@@ -190,6 +199,18 @@ class BridgeState:
     def clear_fetch_failure(self, digest: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM fetch_failures WHERE digest=?", (digest,))
+
+    # -- possessions -------------------------------------------------------------------
+    def proven(self, namespace: str, source: str, digest: str) -> bool:
+        with self._lock:
+            return self._db.execute(
+                "SELECT 1 FROM possessions WHERE namespace=? AND source=? AND digest=?",
+                (namespace, source, digest)).fetchone() is not None
+
+    def record_proof(self, namespace: str, source: str, digest: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO possessions VALUES (?, ?, ?, ?)",
+                             (namespace, source, digest, time.time()))
 
     def _select(self, cls, table: str, where: str, args: tuple) -> list:
         cols = [f.name for f in fields(cls)]

@@ -7,7 +7,9 @@ content forever. With API access the bridge checks such records once they are ol
 ``grace_seconds``: if the Pod they name is gone (404, or the name now belongs to a Pod
 with another UID) the record is unpublished, which releases its lease. A Pod that still
 exists, an API error, or a record without Pod information leaves everything as it is:
-nothing is released because something failed.
+nothing is released because something failed. An API error is not read as "the Pod
+exists": it is logged at error level, with a hint when it is a 403 (the bridge's
+ServiceAccount needs ``get`` on pods, which the chart's ClusterRole grants).
 """
 
 from __future__ import annotations
@@ -21,12 +23,21 @@ from .locks import VolumeLocks
 log = logging.getLogger("resident.bridge.sweep")
 
 
+class PodUnknown(Exception):
+    """The API did not say whether the Pod exists (not a 404): nothing may be released."""
+
+
 def pod_is_gone(core_api, namespace: str, name: str, uid: str) -> bool:
     from kubernetes.client.exceptions import ApiException
     try:
         pod = core_api.read_namespaced_pod(name, namespace, _request_timeout=10)
     except ApiException as e:
-        return e.status == 404
+        if e.status == 404:
+            return True
+        hint = ("; the bridge's ServiceAccount needs 'get' on pods (the chart's bridge "
+                "ClusterRole grants it)") if e.status == 403 else ""
+        raise PodUnknown(f"cannot tell whether Pod {namespace}/{name} is gone: HTTP {e.status} "
+                         f"{e.reason}{hint}") from None
     return pod.metadata.uid != uid
 
 
@@ -60,9 +71,10 @@ class OrphanSweeper:
                 log.info("released the half-publish of a deleted Pod",
                          extra={"volume": rec.volume_id, "pod": rec.pod_name,
                                 "namespace": rec.pod_namespace})
-            except Exception as e:  # left for the next pass
-                log.warning("orphan sweep skipped a record",
-                            extra={"target": rec.target_path, "error": str(e)})
+            except Exception as e:  # kept, and tried again at the next pass
+                log.error("orphan sweep kept a half-publish it could not check",
+                          extra={"target": rec.target_path, "pod": rec.pod_name,
+                                 "namespace": rec.pod_namespace, "error": str(e)})
         return released
 
     def start(self) -> None:

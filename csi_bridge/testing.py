@@ -80,10 +80,13 @@ class BridgeProcess:
     """``python -m csi_bridge`` in a child process with its own root and socket."""
 
     def __init__(self, root: Path, *, node_id: str = "node-a", authorize: str = "allow-any",
-                 extra_args: tuple[str, ...] = (), env: dict | None = None):
+                 extra_args: tuple[str, ...] = (), env: dict | None = None,
+                 pods_dir: Path | None = None):
         self.root, self.socket = Path(root), Path(root) / "csi.sock"
+        # the tests' "kubelet pods directory": by default <root's parent>/kubelet
         self.args = [sys.executable, "-m", "csi_bridge", "--endpoint", f"unix://{self.socket}",
                      "--node-id", node_id, "--root", str(self.root / "data"),
+                     "--pods-dir", str(pods_dir or self.root.parent / "kubelet"),
                      "--authorize", authorize, "--metrics-port", "-1", *extra_args]
         self.env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
         self.proc: subprocess.Popen | None = None

@@ -171,9 +171,11 @@ def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Pa
             if "resident" not in scripts:
                 raise RuntimeError(f"the project wheel {wheel.name} has no 'resident' console script ({scripts})")
             app = pack_layer(app_tar, cache / f"app-{key}.tar.gz")
-        # like docker/Dockerfile's `resident` target: the chart passes only args to it
+        # like docker/Dockerfile's `resident` and `owner` targets: the chart passes only args,
+        # and the default user is the non-root `resident` (owner Pods set runAsNonRoot; the
+        # chart runs the bridge as root explicitly)
         config = ContainerConfig(env=[f"PATH={PROJECT_PATH}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
-                                 entrypoint=["resident"], cmd=["--help"])
+                                 entrypoint=["resident"], cmd=["--help"], user=f"{USER_ID}:{USER_ID}")
         write_image_layout(out, name, [base, app], config)
         _prune(cache, keep={key}, keep_base=base_key(repo))
     log.info("built project image", extra={"image": name, "seconds": round(time.monotonic() - began, 1)})

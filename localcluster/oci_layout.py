@@ -68,6 +68,7 @@ class ContainerConfig(BaseModel):
     entrypoint: list[str] | None = Field(default=None, alias="Entrypoint")
     cmd: list[str] | None = Field(default=None, alias="Cmd")
     working_dir: str = Field(default="/", alias="WorkingDir")
+    user: str | None = Field(default=None, alias="User")  # "uid:gid"; None: root
 
 
 class _HashingWriter:

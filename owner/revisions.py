@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundle.manifest import DIGEST_RE, FileEntry, Manifest, ManifestError, check_digest, revision_dirname
+from bundle.manifest import (DIGEST_RE, MANIFEST_NAME, FileEntry, Manifest, ManifestError, check_digest,
+                             revision_dirname)
 from bundle.scan import read_manifest
 
 
@@ -145,6 +146,26 @@ def _first_bad_chunk(mm: mmap.mmap, entry: FileEntry, chunk: int) -> int | None:
             return next((i for i, (a, b) in enumerate(zip(got, entry.chunks)) if a != b), None)
     finally:
         view.release()
+
+
+def verify_tree(rev: Revision) -> None:
+    """Every file of the revision directory is one its manifest names, with the manifest's bytes.
+
+    For backends that hand the whole directory to a vendor SDK, which reads whatever it
+    finds there: a file the manifest does not name, or one whose bytes differ, is refused
+    before the SDK sees the directory.
+    """
+    named = {e.path for e in rev.manifest.files} | {MANIFEST_NAME}
+    present = {p.relative_to(rev.dir).as_posix() for p in rev.dir.rglob("*")
+               if p.is_symlink() or not p.is_dir()}
+    unnamed = sorted(present - named)
+    if unnamed:
+        raise IntegrityError(f"{rev.dir}: files the manifest does not name: {', '.join(unnamed[:5])}")
+    for entry in rev.manifest.files:
+        if entry.size == 0:
+            read_verified(rev, entry)
+        else:
+            map_verified(rev, entry).close()
 
 
 def read_range_verified(rev: Revision, entry: FileEntry, index: int) -> bytes:

@@ -116,7 +116,8 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "hostNetwork": settings.owner_host_network,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {"runAsNonRoot": settings.owner_run_as_non_root,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [
             {"name": "bundle", "csi": {

@@ -30,6 +30,8 @@ class OperatorSettings(BaseModel):
     owner_host: str = Field(default="", description="host to reach owners at instead of the Pod IP")
     owner_host_network: bool = Field(default=False, description="run owner Pods with hostNetwork")
     owner_timeout_seconds: float = Field(default=5.0, gt=0, description="per owner HTTP call")
+    owner_run_as_non_root: bool = Field(default=True, description=(
+        "owner Pods set runAsNonRoot; false only for vendor images that must run as root"))
     resync_seconds: float = Field(default=300.0, gt=0, description=(
         "safety resync: a settled model is passed again this often even if nothing woke it"))
     sweep_seconds: float = Field(default=60.0, gt=0, description=(

@@ -3,9 +3,12 @@
 A vendor backend loads a revision's compiled artifact with the vendor's own runtime.
 Those runtimes expose no row-level write into live device memory that we could journal
 and read back, so the adapters report ``in_place=False`` and every transition to them is
-a reload (close, then load). The SDK is imported when the backend is constructed: on a
-machine without it the owner fails at start with :class:`BackendUnavailable` naming the
-package to install. These adapters have not been run on RNGD or ATOM hardware; they
+a reload (close, then load). The SDK reads the revision directory itself, so before it
+is opened every file there is hashed against the manifest and a file the manifest does
+not name is refused (:func:`owner.revisions.verify_tree`): nothing unverified reaches the
+SDK. The SDK is imported when the backend is constructed: on a machine without it the
+owner fails at start with :class:`BackendUnavailable` naming the package to install.
+These adapters have not been run on RNGD or ATOM hardware; they
 are written against the vendors' public Python APIs and are not claimed to work until
 they are.
 """
@@ -16,7 +19,7 @@ import importlib
 import time
 
 from ..inplace import ApplyReport, StagedUpdate
-from ..revisions import Revision
+from ..revisions import Revision, verify_tree
 from .base import BackendError, BackendUnavailable, Description, LoadReport, Output
 
 
@@ -46,6 +49,7 @@ class VendorBackend:
         if self.revision is not None:
             raise BackendError("a revision is already loaded; use reload")
         t0 = time.perf_counter()
+        verify_tree(revision)
         self.engine = self._open(revision)
         self.revision = revision
         return LoadReport(time.perf_counter() - t0, 0.0, False)

@@ -13,6 +13,10 @@
   With ``real_bridge=True`` the real bridge (``python -m csi_bridge``, gRPC over a unix
   socket, real read-only bind mounts) publishes the volumes and serves the deliveries;
   the played kubelet then only calls NodePublishVolume/NodeUnpublishVolume like kubelet.
+
+The operator and the real bridge authenticate as the chart's own ServiceAccounts:
+tests/cluster/conftest.py puts their kubeconfigs into ``OPERATOR_ENV["KUBECONFIG"]`` and
+``BRIDGE_KUBECONFIG`` for every test that uses the session's control plane.
 """
 
 from __future__ import annotations
@@ -55,16 +59,25 @@ OPERATOR_ENV = {
     "RESIDENT_SWEEP_SECONDS": "2",
     "RESIDENT_OWNER_TIMEOUT_SECONDS": "3",
 }
+BRIDGE_KUBECONFIG: str | None = None   # the chart's bridge ServiceAccount (tests/cluster/conftest.py)
+
+
+def operator_env(**env: str) -> dict[str, str]:
+    """OPERATOR_ENV plus ``env``; refuses to run the operator with the admin kubeconfig."""
+    wanted = {**OPERATOR_ENV, **env}
+    assert "KUBECONFIG" in wanted, "the operator runs as the chart's ServiceAccount (tests/cluster/conftest.py)"
+    return wanted
 
 
 @contextmanager
-def running_operator(namespace: str, **env: str):
-    """The operator, in-process, watching ``namespace``; stopped on exit."""
-    wanted = {**OPERATOR_ENV, **env}
+def running_operator(namespace: str, *kopf_flags: str, **env: str):
+    """The operator, in-process, watching ``namespace``; stopped on exit. ``kopf_flags``
+    go to ``kopf run`` (e.g. ``--verbose``)."""
+    wanted = operator_env(**env)
     saved = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     try:
-        with KopfRunner(["run", "--standalone", "-n", namespace, "-m", "resident_operator"],
+        with KopfRunner(["run", "--standalone", *kopf_flags, "-n", namespace, "-m", "resident_operator"],
                         timeout=60) as runner:
             yield runner
     finally:
@@ -82,7 +95,7 @@ def operator_process(namespace: str, log_path: Path, args: tuple[str, ...] = (),
            "operator", "-n", namespace, "--metrics-port", "0", *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **OPERATOR_ENV, **env})
+                                env={**os.environ, **operator_env(**env)})
     try:
         yield proc
     finally:
@@ -98,7 +111,7 @@ class Supervised:
     def __init__(self, namespace: str, log_path: Path, **env: str) -> None:
         self.cmd = [sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_cli.main())",
                     "operator", "-n", namespace, "--metrics-port", "0"]
-        self.env, self.log_path = {**os.environ, **OPERATOR_ENV, **env}, log_path
+        self.env, self.log_path = {**os.environ, **operator_env(**env)}, log_path
         self.exits: list[int] = []
         self.proc: subprocess.Popen | None = None
         self._stop = threading.Event()
@@ -211,8 +224,9 @@ class PlayedNode:
         self.bridge = None
         if real_bridge:   # the real CSI bridge (python -m csi_bridge) serves volumes and deliveries
             self.short = Path(tempfile.mkdtemp(prefix="opb-", dir="/tmp"))  # unix socket length
+            assert BRIDGE_KUBECONFIG, "the bridge runs as the chart's ServiceAccount (tests/cluster/conftest.py)"
             self.bridge = BridgeProcess(self.short / "b", node_id=name, authorize="api",
-                                        extra_args=("--deliveries", "--kubeconfig", cluster.kubeconfig))
+                                        extra_args=("--deliveries", "--kubeconfig", BRIDGE_KUBECONFIG))
         self.ns, self.name, self.workdir = namespace, name, Path(workdir)
         self.backend = backend
         self.capacity = {"cpu": "8", "memory": "16Gi", "pods": "20", **(capacity or {})}

@@ -13,7 +13,6 @@ file order; the last one uninstalls.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installed package
     sys.path.insert(0, str(REPO))
 
+from chart_accounts import service_account_token  # noqa: E402
 from charts.helmenv import CHART_DIR, Helm  # noqa: E402
 
 GROUP, VERSION = "resident.dev", "v1alpha1"
@@ -82,15 +82,6 @@ def labelled(cp, kinds: str, namespace: str | None = None) -> list[dict]:
 def established(cp, name: str) -> bool:
     conditions = get(cp, "crd", name).get("status", {}).get("conditions", [])
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-
-def service_account_token(core: client.CoreV1Api, namespace: str, name: str) -> str:
-    """The token the 1.20 token controller minted for the ServiceAccount."""
-    def secret_name():
-        sa = core.read_namespaced_service_account(name, namespace)
-        return sa.secrets and sa.secrets[0].name
-    secret = core.read_namespaced_secret(wait_for("the ServiceAccount token", secret_name), namespace)
-    return base64.b64decode(secret.data["token"]).decode()
 
 
 class Fresh:
@@ -208,8 +199,8 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     def recorded():
         m = custom.get_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
         kinds = sorted(c["kind"] for c in (m.get("status") or {}).get("children") or [])
-        return kinds == ["Pod", "Secret"] and m
-    m = wait_for("the owner Pod and token Secret in status.children", recorded, proc=proc)
+        return kinds == ["Pod", "PodDisruptionBudget", "Secret", "Service"] and m
+    m = wait_for("the owner Pod, token Secret, Service and budget in status.children", recorded, proc=proc)
     assert "resident.dev/cleanup" in m["metadata"]["finalizers"]
     assert core.read_namespaced_secret(f"{name}-owner-token", "models").data["token"]
     pod = core.read_namespaced_pod(f"{name}-owner-0", "models")
@@ -222,6 +213,7 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     wait_for("the model to be gone", lambda: _gone(custom, "models", "residentmodels", name), proc=proc)
     assert core.list_namespaced_pod("models", label_selector=f"resident.dev/model={name}").items == []
     assert core.list_namespaced_secret("models", label_selector=f"resident.dev/model={name}").items == []
+    assert core.list_namespaced_service("models", label_selector=f"resident.dev/model={name}").items == []
 
 
 def can_connect_as(path: str, uid: int, gid: int) -> bool:
@@ -247,7 +239,7 @@ def can_connect_as(path: str, uid: int, gid: int) -> bool:
 
 
 def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
-    """The DaemonSet's plugin command (umask wrapper, args), with its paths under a scratch
+    """The DaemonSet's plugin command and args, with its paths under a scratch
     directory, its runAsGroup, and the bridge ServiceAccount's token."""
     ds = fresh.apps.read_namespaced_daemon_set(f"{RELEASE}-bridge", NAMESPACE)
     c = next(c for c in ds.spec.template.spec.containers if c.name == "bridge")
@@ -271,6 +263,7 @@ def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
         # the non-root livenessprobe sidecar (its uid, the socket group) may connect; others may not
         sidecar_uid = sidecar.security_context.run_as_user
         assert sidecar.security_context.run_as_group == group
+        assert socket_path.stat().st_mode & 0o777 == 0o660 and socket_path.stat().st_gid == group
         assert can_connect_as(str(socket_path), sidecar_uid, group)
         assert not can_connect_as(str(socket_path), sidecar_uid, sidecar_uid)
         assert "resident_" in requests.get(f"http://127.0.0.1:{fresh.ports['bridge']}/metrics", timeout=5).text

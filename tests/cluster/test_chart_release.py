@@ -26,7 +26,7 @@ from charts.helmenv import CHART_DIR, Helm, HelmFailed  # noqa: E402
 INSTANCE = "app.kubernetes.io/instance"
 CRDS = ("residentmodels.resident.dev", "bundledeliveries.resident.dev")
 CLUSTER_KINDS = "clusterroles,clusterrolebindings,csidrivers"
-NAMESPACED_KINDS = "deployments,daemonsets,replicasets,pods,services,serviceaccounts,configmaps"
+NAMESPACED_KINDS = "deployments,daemonsets,replicasets,pods,services,serviceaccounts,configmaps,networkpolicies"
 
 
 def get(cluster, *args) -> dict:
@@ -153,6 +153,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         env = {e["name"]: e.get("value") for e in op["env"]}
         assert env["RESIDENT_OWNER_IMAGE"] == "ghcr.io/resident-dev/resident-owner:0.1.0"
         assert env["RESIDENT_OWNER_HOST_NETWORK"] == "false" and not pod_spec.get("hostNetwork")
+        assert env["RESIDENT_OWNER_RUN_AS_NON_ROOT"] == "true"
         assert_restricted(pod_spec, op)
         assert pod_spec["serviceAccountName"] == f"{full}-operator"
         # the controller-manager made the Pod from the template and the API server admitted it
@@ -176,6 +177,8 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
                              "store": "/var/lib/resident-bridge",
                              "registration-dir": "/var/lib/kubelet/plugins_registry"}
         assert "--endpoint=unix:///csi/csi.sock" in plugin["args"]
+        assert plugin["command"] == ["resident", "bridge"]       # no umask wrapper: sockets are 0660
+        assert "--pods-dir=/var/lib/kubelet/pods" in plugin["args"]
         assert "--registration-dir=/registration" in plugin["args"]
         assert ("--kubelet-endpoint=/var/lib/kubelet/plugins/bundles.resident.dev/csi.sock"
                 in plugin["args"])
@@ -202,6 +205,18 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert services[f"{full}-bridge-metrics"]["clusterIP"] == "None"
         roles = {r["metadata"]["name"] for r in items(cluster, "clusterroles", selector)}
         assert roles == {f"{full}-operator", f"{full}-bridge"}
+        # owners' control port: only from the operator's Pods; the inference port stays open
+        policy = get(cluster, "networkpolicy", "-n", namespace, f"{full}-owner-control")["spec"]
+        assert policy["podSelector"] == {"matchLabels": {"resident.dev/component": "owner"}}
+        control, inference = policy["ingress"]
+        assert control["ports"] == [{"port": "control", "protocol": "TCP"}]
+        peer, = control["from"]
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+        assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+        assert peer["podSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+        assert inference == {"ports": [{"port": "http", "protocol": "TCP"}]}
+        assert not any(r["resources"] == ["namespaces"] for r in get(
+            cluster, "clusterrole", f"{full}-operator")["rules"])   # --all-namespaces needs none
 
         # -- a bad upgrade is refused and the release keeps what it had ------------------
         with pytest.raises(HelmFailed, match="schema"):
@@ -213,7 +228,9 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         changed = {
             "image": {"repository": "localhost/resident", "tag": "dev", "pullPolicy": "Never"},
             "operator": {"hostNetwork": True, "bindAddress": "127.0.0.1", "logLevel": "DEBUG",
-                         "owner": {"host": "127.0.0.1", "hostNetwork": True}},
+                         "watchNamespaces": ["models", "team-*"],
+                         "owner": {"host": "127.0.0.1", "hostNetwork": True, "runAsNonRoot": False,
+                                   "networkPolicy": {"enabled": False}}},
             "bridge": {"hostNetwork": True, "bindAddress": "127.0.0.1", "registration": {"mode": "sidecar"},
                        "livenessProbe": {"enabled": False},
                        "gc": {"highWaterBytes": 50 << 30}},
@@ -227,6 +244,12 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert (op["image"], op["imagePullPolicy"]) == ("localhost/resident:dev", "Never")
         env = {e["name"]: e.get("value") for e in op["env"]}
         assert env["RESIDENT_OWNER_HOST"] == "127.0.0.1" and env["RESIDENT_OWNER_HOST_NETWORK"] == "true"
+        assert env["RESIDENT_OWNER_RUN_AS_NON_ROOT"] == "false"
+        assert op["args"][1:3] == ["--namespace=models", "--namespace=team-*"]
+        assert "--all-namespaces" not in op["args"]
+        assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in get(
+            cluster, "clusterrole", f"{full}-operator")["rules"]
+        assert items(cluster, "networkpolicies", selector, namespace) == []
         assert {"--metrics-host=127.0.0.1", "--liveness=http://127.0.0.1:8080/healthz"} <= set(op["args"])
         assert op["livenessProbe"]["httpGet"]["host"] == "127.0.0.1" and "--verbose" in op["args"]
         bspec = get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")["spec"]["template"]["spec"]
@@ -310,14 +333,33 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
         for verb, resource in [("get", "residentmodels.resident.dev"),
                                ("watch", "bundledeliveries.resident.dev"),
                                ("patch", "bundledeliveries.resident.dev"),
-                               ("patch", "bundledeliveries.resident.dev/status"), ("create", "events")]:
+                               ("patch", "bundledeliveries.resident.dev/status"), ("create", "events"),
+                               ("get", "pods")]:  # the orphan sweep reads one Pod by name
             assert can("bridge", verb, resource), (verb, resource)
-        for verb, resource in [("get", "secrets"), ("create", "pods"), ("patch", "residentmodels.resident.dev"),
+        for verb, resource in [("get", "secrets"), ("create", "pods"), ("list", "pods"), ("watch", "pods"), ("patch", "residentmodels.resident.dev"),
                                ("patch", "residentmodels.resident.dev/status"),
                                ("create", "bundledeliveries.resident.dev"), ("get", "nodes")]:
             assert not can("bridge", verb, resource), (verb, resource)
     finally:
         helm.uninstall(release)
+
+
+def test_owner_network_policies_go_to_every_listed_namespace(cluster, namespace, helm):
+    release = f"np-{uuid.uuid4().hex[:6]}"
+    helm.install(release, {"crds": {"enabled": False}, "csiDriver": {"create": False},
+                           "bridge": {"enabled": False},
+                           "operator": {"owner": {"networkPolicy": {
+                               "namespaces": [namespace, "default"],
+                               "operatorNamespaceLabels": {"team": "platform"}}}}})
+    try:
+        for ns in (namespace, "default"):
+            spec = get(cluster, "networkpolicy", "-n", ns, f"{release}-resident-owner-control")["spec"]
+            peer, = spec["ingress"][0]["from"]
+            assert peer["namespaceSelector"] == {"matchLabels": {"team": "platform"}}
+            assert spec["ingress"][0]["ports"] == [{"port": "control", "protocol": "TCP"}]
+    finally:
+        helm.uninstall(release)
+    assert items(cluster, "networkpolicies", f"{INSTANCE}={release}", "default") == []
 
 
 def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):

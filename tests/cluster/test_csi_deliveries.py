@@ -3,7 +3,9 @@ and BundleDeliveries staged into a live, read-only published volume.
 
 There is no kubelet here, so the test plays the node's kubelet itself: it calls the
 bridge's CSI socket the way kubelet would for an inline volume of a real Pod object
-(created in the API, never scheduled: its UID is what matters to the bridge).
+(created in the API, never scheduled: its UID is what matters to the bridge). The bridge
+authenticates as the chart's bridge ServiceAccount (tests/cluster/chart_accounts.py), so
+it has exactly the chart's RBAC; the test acts as admin.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 from kubernetes import client
+from kubernetes.config import new_client_from_config
 
 from bundle.manifest import MANIFEST_NAME
 from bundle.scan import read_manifest
@@ -34,9 +37,11 @@ V2 = {"w.safetensors": WEIGHTS, "graph.onnx": b"graph-two" * 300, "config.json":
 
 
 @pytest.fixture
-def world(cluster, namespace):
+def world(cluster, namespace, chart_accounts):
     tmp = Path(tempfile.mkdtemp(prefix="csi-", dir="/tmp"))  # short: unix socket paths
     api = cluster.api_client()
+    bridge_kubeconfig = chart_accounts.bridge
+    bridge_api = new_client_from_config(config_file=bridge_kubeconfig)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     d1, d2 = make_bundle(tmp / "v1", V1), make_bundle(tmp / "v2", V2)
     custom.create_namespaced_custom_object(G, V, namespace, "residentmodels", {
@@ -49,11 +54,19 @@ def world(cluster, namespace):
     target.parent.mkdir(parents=True)
     try:
         yield type("World", (), dict(tmp=tmp, api=api, custom=custom, core=core, ns=namespace,
-                                     d1=d1, d2=d2, pod=pod, target=target, cluster=cluster))
+                                     d1=d1, d2=d2, pod=pod, target=target, cluster=cluster,
+                                     bridge_api=bridge_api, bridge_kubeconfig=bridge_kubeconfig))
     finally:
         cleanup_mounts(tmp)
         assert mountinfo.mounts_under(tmp) == []
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def in_process_bridge(w, **config) -> Bridge:
+    """The bridge in this process, authenticated as the chart's bridge ServiceAccount."""
+    return Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                               root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
+                               private_metrics=True, **config)).start()
 
 
 def publish_req(w, ns=None, volume="csi-1", target=None):
@@ -62,11 +75,18 @@ def publish_req(w, ns=None, volume="csi-1", target=None):
 
 
 def delivery(w, name="d1", path="GraphOnly", source=None, digest=None, **spec):
+    """A BundleDelivery of v2 (or ``digest`` from ``source``), after the model moved to it as
+    the operator does it: spec.bundle is the target, status.identity.bundle still the
+    published revision."""
+    source, digest = source or f"file://{w.tmp}/v2", digest or w.d2
+    w.custom.patch_namespaced_custom_object(G, V, w.ns, "residentmodels", "m", {
+        "spec": {"bundle": {"source": source, "digest": digest}}})
+    w.custom.patch_namespaced_custom_object_status(G, V, w.ns, "residentmodels", "m", {
+        "status": {"identity": {"bundle": w.d1}}})
     return w.custom.create_namespaced_custom_object(G, V, w.ns, "bundledeliveries", {
         "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": name},
         "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
-                 "model": "m", "bundle": {"source": source or f"file://{w.tmp}/v2",
-                                          "digest": digest or w.d2},
+                 "model": "m", "bundle": {"source": source, "digest": digest},
                  "path": path, **spec}})
 
 
@@ -104,9 +124,7 @@ def test_namespace_authorization_reads_resident_models(world):
     w = world
     other = f"t-{uuid.uuid4().hex[:10]}"
     w.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
-    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.api,
-                                 private_metrics=True)).start()
+    bridge = in_process_bridge(w)
     try:
         with CsiClient(w.tmp / "csi.sock") as c:
             # Same digest, same model name, but from another namespace: refused.
@@ -133,9 +151,7 @@ def test_namespace_authorization_reads_resident_models(world):
 
 def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(world):
     w = world
-    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.api,
-                                 deliveries=True, private_metrics=True)).start()
+    bridge = in_process_bridge(w, deliveries=True)
     try:
         with CsiClient(w.tmp / "csi.sock") as c:
             c.node.NodePublishVolume(publish_req(w))
@@ -187,9 +203,7 @@ def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(wor
 
 def test_delivery_for_an_unpublished_pod_stays_pending(world):
     w = world
-    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.api,
-                                 deliveries=True, private_metrics=True)).start()
+    bridge = in_process_bridge(w, deliveries=True)
     try:
         delivery(w)
         obj = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("phase") else None)(get_delivery(w)),
@@ -207,7 +221,7 @@ def test_delivery_for_an_unpublished_pod_stays_pending(world):
 def test_kill_mid_stage_then_restart_finishes_without_partial_tree(world):
     w = world
     bridge = BridgeProcess(w.tmp / "b", authorize="api",
-                           extra_args=("--deliveries", "--kubeconfig", w.cluster.kubeconfig))
+                           extra_args=("--deliveries", "--kubeconfig", w.bridge_kubeconfig))
     try:
         bridge.start(env={faults.CRASH_ENV: "stage:after-link"})
         with CsiClient(bridge.socket) as c:
@@ -245,7 +259,7 @@ def test_half_publish_of_a_deleted_pod_is_released_and_a_live_pods_is_kept(world
     req_b = publish_request("csi-b", t_b, w.d1, f"file://{w.tmp}/v1", namespace=w.ns,
                             pod="owner-1", pod_uid=pod_b.metadata.uid, model="m")
     bridge = BridgeProcess(w.tmp / "b", authorize="api",
-                           extra_args=("--kubeconfig", w.cluster.kubeconfig))
+                           extra_args=("--kubeconfig", w.bridge_kubeconfig))
     lease_db = bridge.root / "data" / "store" / "store.db"
 
     def holders():
@@ -384,3 +398,108 @@ def test_a_delivery_the_store_has_no_room_for_fails_with_the_cause_and_keeps_the
         finally:
             bridge.stop()
             cleanup_mounts(w.tmp)
+
+
+def other_namespace(w) -> str:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    w.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    return name
+
+
+def create_model(w, ns: str, digest: str, source: str, name: str = "m") -> None:
+    w.custom.create_namespaced_custom_object(G, V, ns, "residentmodels", {
+        "apiVersion": f"{G}/{V}", "kind": "ResidentModel", "metadata": {"name": name},
+        "spec": {"bundle": {"source": source, "digest": digest}}})
+
+
+def test_a_copied_digest_with_a_bogus_source_is_refused(world):
+    """Tenant B declares tenant A's digest in its own ResidentModel: authorization passes,
+    but B's source does not serve the bundle, so the node's copy is not B's to mount."""
+    w = world
+    other = other_namespace(w)
+    bridge = in_process_bridge(w)
+    try:
+        with CsiClient(w.tmp / "csi.sock") as c:
+            c.node.NodePublishVolume(publish_req(w))   # A's model, A's source: the store holds d1
+            bogus = f"file://{w.tmp}/nothing-here"
+            create_model(w, other, w.d1, bogus)
+            t2 = w.tmp / "kubelet" / "other" / "mount"
+            t2.parent.mkdir(parents=True)
+            req = publish_request("csi-x", t2, w.d1, bogus, namespace=other, pod="owner-0",
+                                  pod_uid="uid-x", model="m")
+            with pytest.raises(grpc.RpcError) as e:
+                c.node.NodePublishVolume(req)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert other in e.value.details() and "did not serve" in e.value.details()
+            assert not t2.exists() and len(bridge.store.leases()) == 1
+    finally:
+        bridge.stop()
+        w.core.delete_namespace(other)
+
+
+def test_deliveries_across_namespaces_or_for_undeclared_revisions_are_refused(world):
+    w = world
+    other = other_namespace(w)
+    create_model(w, other, w.d2, f"file://{w.tmp}/v2")   # B declares d2: only the namespace is wrong
+    bridge = in_process_bridge(w, deliveries=True)
+    try:
+        with CsiClient(w.tmp / "csi.sock") as c:
+            c.node.NodePublishVolume(publish_req(w))
+        cases = [(other, "NamespaceMismatch"), (w.ns, "NotAuthorized")]  # A's model declares d1 only
+        for ns, reason in cases:
+            w.custom.create_namespaced_custom_object(G, V, ns, "bundledeliveries", {
+                "apiVersion": f"{G}/{V}", "kind": "BundleDelivery", "metadata": {"name": "d1"},
+                "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
+                         "model": "m", "bundle": {"source": f"file://{w.tmp}/v2", "digest": w.d2},
+                         "path": "GraphOnly"}})
+
+            def answered():
+                obj = w.custom.get_namespaced_custom_object(G, V, ns, "bundledeliveries", "d1")
+                return obj if (obj.get("status") or {}).get("phase") == "Failed" else None
+            obj = wait_for(answered, what=f"{reason} in {ns}")
+            assert obj["status"]["reason"] == reason, obj["status"]
+            uid = obj["metadata"]["uid"]
+            assert f"delivery:{uid}" not in {l.holder for l in bridge.store.leases()}
+            assert os.readlink(w.target / "current") == "revisions/" + w.d1.replace(":", "-")
+            assert not bridge.store.has_revision(w.d2)
+            assert any(e.reason == "DeliveryFailed" and e.involved_object.uid == uid
+                       for e in w.core.list_namespaced_event(ns).items)
+            w.custom.delete_namespaced_custom_object(G, V, ns, "bundledeliveries", "d1")
+            wait_for(lambda: not [d for d in w.custom.list_namespaced_custom_object(
+                G, V, ns, "bundledeliveries")["items"]], what="the refused delivery deleted")
+    finally:
+        bridge.stop()
+        w.core.delete_namespace(other)
+
+
+def test_sweep_needs_get_on_pods_and_a_403_keeps_the_lease(world, caplog):
+    """Without the chart's grant the sweep cannot tell a gone Pod from a present one: it
+    logs an error and keeps the lease. With the chart's bridge account it releases it."""
+    from csi_bridge.sweep import OrphanSweeper
+    from chart_accounts import service_account_token
+
+    w = world
+    w.core.create_namespaced_service_account(w.ns, client.V1ServiceAccount(
+        metadata=client.V1ObjectMeta(name="no-grants")))
+    nobody = w.tmp / "nobody.kubeconfig"
+    w.cluster.write_kubeconfig(str(nobody), service_account_token(w.core, w.ns, "no-grants"), "nobody")
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
+                                 root=w.tmp / "data", authorize="allow-any", private_metrics=True)).start()
+    try:
+        with CsiClient(w.tmp / "csi.sock") as c:
+            c.node.NodePublishVolume(publish_req(w))
+        # As after a crash mid-publish: the record is rolled back to publishing, lease kept.
+        bridge.state.set_publication_state(str(w.target), "publishing")
+        w.core.delete_namespaced_pod("owner-0", w.ns, grace_period_seconds=0)
+        wait_for(lambda: not w.core.list_namespaced_pod(w.ns).items, what="the Pod deleted")
+        args = (bridge.publisher, bridge.state, bridge.locks)
+        with caplog.at_level("ERROR", logger="resident.bridge.sweep"):
+            assert OrphanSweeper(*args, new_client_from_config(config_file=str(nobody)),
+                                 grace_seconds=0).sweep() == []
+        logged = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert logged and "403" in logged[0].error and "'get' on pods" in logged[0].error
+        assert len(bridge.store.leases()) == 1 and mountinfo.mount_at(w.target) is not None
+        assert OrphanSweeper(*args, w.bridge_api, grace_seconds=0).sweep() == [str(w.target)]
+        assert bridge.store.leases() == [] and not w.target.exists()
+    finally:
+        bridge.stop()

@@ -9,6 +9,8 @@ real owner answers.
 
 from __future__ import annotations
 
+import base64
+import logging
 import signal
 import time
 
@@ -19,6 +21,7 @@ from bundle.demo import make_demo, make_revision
 from localcluster.processes import free_port
 from owner.backends.cpu import CpuBackend
 from resident_operator.metrics import REGISTRY
+from resident_operator.structured_logs import JsonLines
 
 from conftest_operator import Api, PlayedNode, condition, operator_process, running_operator, wait_for
 from fault_backends import FaultyWriteCpuBackend
@@ -84,10 +87,11 @@ def node(cluster, namespace, tmp_path):
     assert not n.errors, n.errors[-1]
 
 
-def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, node, bundles):
+def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, node, bundles, caplog):
     root, d = bundles
     api, port = Api(cluster, namespace), free_port()
-    with running_operator(namespace):
+    caplog.set_level(logging.DEBUG)
+    with running_operator(namespace, "--verbose"):   # DEBUG: the most the operator ever logs
         api.create_model("lm", spec_for(bundles, "base", port))
         s = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
         assert s["ready"] == "1/1"
@@ -129,9 +133,16 @@ def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, nod
         described = cluster.kubectl("describe", "rm", "lm", "-n", namespace).stdout
         assert "TransitionSucceeded" in described and "DeliveryStaged" in described
 
+        token = base64.b64decode(api.core.read_namespaced_secret("lm-owner-token", namespace).data["token"]).decode()
         api.delete_model("lm")
         wait_for(lambda: api.model("lm") is None, what="the model to go (finalizer removed)")
         assert api.deliveries() == [] and api.pods("resident.dev/model=lm") == []
+    # The owners' token never reaches a log line (the operator's and the owner's, with every
+    # extra field, at DEBUG) or an Event.
+    logged = "\n".join(JsonLines().format(r) for r in caplog.records)
+    assert any(r.levelno == logging.DEBUG for r in caplog.records)
+    assert len(token) >= 32 and "TransitionSucceeded" in logged and token not in logged
+    assert [e for e in api.all_events() if token in (e[3] or "")] == []
 
 
 def test_failed_delivery_keeps_the_old_identity_and_degrades(cluster, namespace, node, bundles):

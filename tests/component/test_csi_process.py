@@ -4,6 +4,7 @@ kubelet plugin registration served by the bridge, and a Probe that reports not-r
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 import shutil
@@ -84,8 +85,8 @@ def test_metrics_logs_and_registration(short_tmp):
         "--registration-dir", str(reg_dir), "--kubelet-endpoint", "/var/lib/kubelet/plugins/x/csi.sock"))
     bridge.args[bridge.args.index("--metrics-port") + 1] = str(port)
     bridge.start()
-    target = tmp_path / "pod" / "mount"
-    target.parent.mkdir()
+    target = tmp_path / "kubelet" / "pod" / "mount"
+    target.parent.mkdir(parents=True)
     try:
         # kubelet's side of plugin registration, over the real socket.
         with grpc.insecure_channel(f"unix://{reg_dir}/bundles.resident.dev-reg.sock") as ch:
@@ -167,3 +168,37 @@ def test_bad_configuration_exits_2_with_a_clear_message(tmp_path, args, words):
     assert r.returncode == 2, r.stderr
     assert words in r.stderr
     assert not (tmp_path / "csi.sock").exists()
+
+
+def test_targets_outside_the_pods_directory_are_refused_and_untouched(short_tmp):
+    pods = short_tmp / "kubelet" / "pods"
+    digest = make_bundle(short_tmp / "src", {"graph.onnx": b"g" * 100})
+    source = f"file://{short_tmp}/src"
+    (pods / "uid-1" / "volumes").mkdir(parents=True)
+    outside = short_tmp / "etc"
+    outside.mkdir()
+    (outside / "keep").write_text("keep me")
+    (pods / "uid-2").symlink_to(outside)          # inside by name, outside once resolved
+    bridge = BridgeProcess(short_tmp / "b", pods_dir=pods).start()
+    try:
+        assert oct(os.stat(bridge.socket).st_mode & 0o777) == oct(0o660)  # root and its group only
+        with CsiClient(bridge.socket) as c:
+            sibling = short_tmp / "kubelet" / "pods-x" / "mount"   # shares the prefix, not the directory
+            for bad in (outside / "mount", pods / "uid-2" / "mount", sibling, pods):
+                with pytest.raises(grpc.RpcError) as e:
+                    c.node.NodePublishVolume(publish_request("v-bad", str(bad), digest, source))
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (bad, e.value.details())
+                assert "outside kubelet's pods directory" in e.value.details()
+                with pytest.raises(grpc.RpcError) as e:
+                    c.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
+                        volume_id="v-bad", target_path=str(bad)))
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert sorted(os.listdir(outside)) == ["keep"] and mountinfo.mounts_under(short_tmp) == []
+            assert not sibling.parent.exists()
+            good = pods / "uid-1" / "volumes" / "mount"
+            c.node.NodePublishVolume(publish_request("v-ok", good, digest, source))
+            assert (good / "current" / "graph.onnx").read_bytes() == b"g" * 100
+            c.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
+                volume_id="v-ok", target_path=str(good)))
+    finally:
+        bridge.stop()

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from csi_bridge import mountinfo, staging
+from csi_bridge.authorization import StaticPolicy
 from csi_bridge.proto import csi_pb2
 from csi_bridge.server import Bridge, BridgeConfig
 from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, publish_request
@@ -44,7 +45,7 @@ def spec(env, **kw):
 
 
 def test_whole_bundle_rebases_on_the_current_revision(env):
-    st = staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env))
+    st = staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))
     assert st["phase"] == "Staged" and st["verified"] and st["method"] == "rebase"
     changed = 2 * CHUNK + len(V2["graph.onnx"])
     assert st["bytes"]["fetched"] == changed
@@ -52,20 +53,48 @@ def test_whole_bundle_rebases_on_the_current_revision(env):
     assert (env.target / "current" / "w.safetensors").read_bytes() == W2
     assert mountinfo.mount_at(env.target).read_only
     # Staging the same delivery again is a no-op that still reports Staged.
-    again = staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env))
+    again = staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))
     assert again["phase"] == "Staged" and again["bytes"]["fetched"] == 0
 
 
 def test_rebase_under_min_reuse_falls_back_to_reconstruct_and_says_so(env):
-    st = staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env, minReuse=0.99))
+    st = staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env, minReuse=0.99))
     assert st["phase"] == "Staged" and st["method"] == "reconstruct"
     assert st.get("fallbackReason")
     assert (env.target / "current" / "w.safetensors").read_bytes() == W2
 
 
+def test_a_delivery_of_another_namespace_is_refused_and_takes_no_lease(env):
+    # The volume belongs to a Pod of team-a; a BundleDelivery in team-b names that Pod's UID.
+    with pytest.raises(staging.StageFailed) as e:
+        staging.stage(env.bridge, "uid-d", "team-b", "d", 1, spec(env))
+    assert e.value.reason == "NamespaceMismatch" and "team-a" in e.value.message
+    assert_untouched(env, "uid-d")
+
+
+def test_a_revision_the_namespace_does_not_declare_is_refused(env, tmp_path):
+    policy = tmp_path / "policy.json"   # team-a declares only the published revision
+    policy.write_text('{"team-a": ["%s"]}' % env.d1)
+    env.bridge.authorizer = StaticPolicy(policy)
+    with pytest.raises(staging.StageFailed) as e:
+        staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))
+    assert e.value.reason == "NotAuthorized" and env.d2 in e.value.message
+    assert_untouched(env, "uid-d")
+    policy.write_text('{"team-a": ["%s", "%s"]}' % (env.d1, env.d2))
+    env.bridge.authorizer = StaticPolicy(policy)  # declared: the same delivery stages
+    assert staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))["phase"] == "Staged"
+
+
+def assert_untouched(env, uid):
+    assert os.readlink(env.target / "current") == "revisions/" + env.d1.replace(":", "-")
+    assert sorted(os.listdir(env.target / "revisions")) == [env.d1.replace(":", "-")]
+    assert not any(l.holder == f"delivery:{uid}" for l in env.bridge.store.leases())
+    assert not env.bridge.store.has_revision(env.d2) and env.bridge.state.delivery(uid) is None
+
+
 def test_staging_for_an_unknown_pod_is_not_yet(env):
     with pytest.raises(staging.NotYet):
-        staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env, podUID="someone-else"))
+        staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env, podUID="someone-else"))
     assert not any(l.holder == "delivery:uid-d" for l in env.bridge.store.leases())
 
 
@@ -75,7 +104,7 @@ def test_corrupt_source_fails_and_keeps_the_volume_as_it_was(env):
     (bad / "graph.onnx").write_bytes(b"tampered" * 10)
     s = spec(env, bundle={"source": f"file://{bad}", "digest": d3})
     with pytest.raises(staging.StageFailed) as e:
-        staging.stage(env.bridge, "uid-d", "ns", "d", 1, s)
+        staging.stage(env.bridge, "uid-d", "team-a", "d", 1, s)
     assert e.value.reason == "IntegrityMismatch"
     assert os.readlink(env.target / "current") == "revisions/" + env.d1.replace(":", "-")
     assert sorted(os.listdir(env.target / "revisions")) == [env.d1.replace(":", "-")]
@@ -85,7 +114,7 @@ def test_corrupt_source_fails_and_keeps_the_volume_as_it_was(env):
 
 
 def test_unpublish_while_staged_keeps_the_delivery_lease(env):
-    staging.stage(env.bridge, "uid-d", "ns", "d", 1, spec(env))
+    staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))
     with CsiClient(env.tmp / "csi.sock") as c:
         c.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
             volume_id="csi-1", target_path=str(env.target)))

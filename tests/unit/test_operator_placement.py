@@ -118,6 +118,14 @@ def test_scheduling_controls_reach_the_owner_pod():
     assert "affinity" not in pod_for(spec())["spec"]
 
 
+def test_owner_pods_run_as_non_root_unless_the_installation_relaxes_it():
+    assert pod_for(spec())["spec"]["securityContext"]["runAsNonRoot"] is True
+    vendor = OperatorSettings(owner_image="vendor:1", owner_run_as_non_root=False)
+    pod = build_owner_pod("tiny", "u", spec(), vendor, 0, 0, A, "file:///m")
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is False
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
 def test_adopt_adds_the_controller_owner_reference():
     pod = pod_for(spec())
     kopf.adopt(pod, owner=MODEL_BODY)

@@ -12,6 +12,7 @@ from bundle.demo import choose_config, default_graph, to_bf16
 from bundle.manifest import FileEntry, Role, build_entries
 from owner import api
 from owner.backends import BackendError, BackendUnavailable, create_backend
+from owner.backends.vendor import VendorBackend
 from owner.decoder import bf16_to_f32
 from owner.graph import GraphError, compile_graph
 from owner.admission import plan_ranges
@@ -137,3 +138,46 @@ def test_registry_names_backends_and_vendor_sdks_fail_clearly():
         with pytest.raises(BackendUnavailable, match=module):
             create_backend(name)
     assert create_backend("cpu").describe().in_place
+
+
+class FakeVendorBackend(VendorBackend):
+    """A fake vendor SDK (none can run here) behind the real VendorBackend: records what it opened."""
+
+    name, sdk_module = "fake-vendor", "json"   # any importable module stands in for the SDK
+
+    def _open(self, revision):
+        self.opened = revision.dir
+        return object()
+
+
+def staged_revision(root, files):
+    from bundle.scan import build_manifest, write_manifest
+    from bundle.manifest import revision_dirname
+    tmp = root / "incoming"
+    tmp.mkdir(parents=True)
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    manifest = build_manifest(tmp)
+    write_manifest(tmp, manifest)
+    (root / "revisions").mkdir()
+    rdir = root / "revisions" / revision_dirname(manifest.digest)
+    tmp.rename(rdir)
+    return rdir, manifest.digest
+
+
+def test_vendor_backends_hash_the_revision_before_the_sdk_sees_it(tmp_path):
+    from owner.revisions import IntegrityError, open_revision
+    rdir, digest = staged_revision(tmp_path, {"model.bin": b"w" * 5000, "config.json": b"{}", "empty": b""})
+    backend = FakeVendorBackend()
+    backend.load(open_revision(tmp_path, digest))
+    assert backend.opened == rdir and backend.describe().identity is not None
+    backend.close()
+
+    (rdir / "model.bin").write_bytes(b"W" + b"w" * 4999)       # same size, one byte changed
+    with pytest.raises(IntegrityError, match="model.bin"):
+        backend.load(open_revision(tmp_path, digest))
+    assert backend.engine is None and backend.revision is None
+    (rdir / "model.bin").write_bytes(b"w" * 5000)
+    (rdir / "extra.py").write_bytes(b"import os")                # a file the manifest does not name
+    with pytest.raises(IntegrityError, match="extra.py"):
+        backend.load(open_revision(tmp_path, digest))
