@@ -21,7 +21,7 @@ from bundle.demo import make_demo, make_revision
 from localcluster.processes import free_port
 from owner.backends.cpu import CpuBackend
 from resident_operator.metrics import REGISTRY
-from resident_operator.structured_logs import JsonLines
+from bundle.jsonlog import JSONLineFormatter
 
 from conftest_operator import Api, PlayedNode, condition, operator_process, running_operator, wait_for
 from fault_backends import FaultyWriteCpuBackend
@@ -139,7 +139,7 @@ def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, nod
         assert api.deliveries() == [] and api.pods("resident.dev/model=lm") == []
     # The owners' token never reaches a log line (the operator's and the owner's, with every
     # extra field, at DEBUG) or an Event.
-    logged = "\n".join(JsonLines().format(r) for r in caplog.records)
+    logged = "\n".join(JSONLineFormatter().format(r) for r in caplog.records)
     assert any(r.levelno == logging.DEBUG for r in caplog.records)
     assert len(token) >= 32 and "TransitionSucceeded" in logged and token not in logged
     assert [e for e in api.all_events() if token in (e[3] or "")] == []
