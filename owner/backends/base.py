@@ -25,11 +25,21 @@ class BackendUnavailable(BackendError):
 
 
 @dataclass(frozen=True)
+class Residency:
+    """Where the live weights sit: device (``cpu``, ``cuda:0``), dtype, bytes held there."""
+
+    device: str
+    dtype: str
+    bytes: int
+
+
+@dataclass(frozen=True)
 class Description:
     backend: str
     in_place: bool
     identity: dict[str, str] | None
     variants: tuple[str, ...]
+    residency: Residency | None = None  # None while nothing is loaded
 
 
 @dataclass(frozen=True)

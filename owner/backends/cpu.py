@@ -25,7 +25,7 @@ from ..graph import CompiledGraph, GraphError, compile_graph
 from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
 from ..revisions import Revision, map_verified, read_verified
 from ..safetensors_layout import Layout, LayoutError, parse_layout
-from .base import BackendError, Description, LoadReport, Output
+from .base import BackendError, Description, LoadReport, Output, Residency
 
 
 class CpuBackend:
@@ -97,7 +97,8 @@ class CpuBackend:
     # -- serving -----------------------------------------------------------------
     def describe(self) -> Description:
         ident = self.revision.manifest.identity() if self.revision else None
-        return Description(self.name, True, ident, tuple(self.variants()))
+        where = Residency("cpu", "float32", sum(w.nbytes for w in self.weights.values())) if self.revision else None
+        return Description(self.name, True, ident, tuple(self.variants()), where)
 
     def variants(self) -> list[str]:
         return [v.name for v in self.graph.variants] if self.graph else []
