@@ -2,11 +2,11 @@
 transformers, the demo's trained BPE tokenizer), and transformers' own greedy generate
 as the reference the torch backend must equal. Nothing outside tests/ imports this."""
 
-import numpy as np
-
 from bundle.hf_demo import write_tokenizer
 from bundle.scan import build_manifest, write_manifest
 from owner.torch_weights import LiveWeights
+
+from fault_backends import FlipsFirstWrite
 
 PROMPT = "the model revision"
 
@@ -47,29 +47,23 @@ def transformers_greedy(checkpoint, prompt: str = PROMPT, max_tokens: int = 12) 
     return out[0, enc["input_ids"].shape[1]:].tolist()
 
 
-class FlipFirstWriteWeights(LiveWeights):
+class FlipFirstWriteWeights(FlipsFirstWrite, LiveWeights):
     """Test-only fault: the first row block an in-place update writes has one bit flipped,
     so read-back verification fails and the journal must restore the old rows."""
 
-    writes = 0
-
-    def write_rows(self, name, rows, values):
-        self.writes += 1
-        if self.writes == 1:
-            values = values.copy()
-            values[0, 0] ^= np.uint16(1)
-        super().write_rows(name, rows, values)
-
 
 class FailRestoreWeights(FlipFirstWriteWeights):
-    """Test-only fault: as above, and every write after the update's own ones (the restore)
+    """Test-only fault: as above, and every write after the read-back began (the restore)
     fails, so the owner must unload."""
 
-    patches = 0
+    reading_back = False
+
+    def read_rows(self, name, rows):
+        self.reading_back = self.reading_back or self.writes > 0
+        return super().read_rows(name, rows)
 
     def write_rows(self, name, rows, values):
-        if self.writes >= self.patches:
-            self.writes += 1
+        if self.reading_back:
             raise OSError("injected: device refused the restoring write")
         super().write_rows(name, rows, values)
 

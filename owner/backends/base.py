@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ..inplace import ApplyReport, StagedUpdate
+from .. import inplace
+from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
 from ..revisions import Revision
 
 
@@ -69,3 +70,17 @@ class Backend(Protocol):
     def apply_in_place(self, update: StagedUpdate) -> ApplyReport: ...
     def reload(self, revision: Revision) -> LoadReport: ...
     def close(self) -> None: ...
+
+
+def apply_and_advance(backend, store: inplace.RowStore, update: StagedUpdate, verify_chunks: bool) -> ApplyReport:
+    """Apply an admitted update to ``store`` (see :func:`owner.inplace.apply`) and move
+    ``backend.revision`` to the target whenever the new rows are live, also when only the
+    release of staged memory failed after them."""
+    try:
+        report = inplace.apply(store, update, verify_chunks)
+    except ReleaseFailed as e:
+        if e.applied:
+            backend.revision = update.target
+        raise
+    backend.revision = update.target
+    return report

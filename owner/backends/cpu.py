@@ -19,13 +19,13 @@ import numpy as np
 
 from bundle.manifest import Role
 
-from .. import admission, inplace
+from .. import admission
 from ..decoder import Decoder, bf16_to_f32
 from ..graph import CompiledGraph, GraphError, compile_graph
-from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
+from ..inplace import ApplyReport, StagedUpdate
 from ..revisions import Revision, map_verified, read_verified
 from ..safetensors_layout import Layout, LayoutError, parse_layout
-from .base import BackendError, Description, LoadReport, Output, Residency
+from .base import BackendError, Description, LoadReport, Output, Residency, apply_and_advance
 
 
 class CpuBackend:
@@ -126,14 +126,7 @@ class CpuBackend:
         return admission.stage(self, self.revision.manifest, revision)
 
     def apply_in_place(self, update: StagedUpdate) -> ApplyReport:
-        try:
-            report = inplace.apply(self, update, self.verify_chunks)
-        except ReleaseFailed as e:
-            if e.applied:
-                self.revision = update.target
-            raise
-        self.revision = update.target
-        return report
+        return apply_and_advance(self, self, update, self.verify_chunks)
 
     # RowStore, used by owner.inplace
     def layouts(self) -> dict[str, Layout]:

@@ -28,10 +28,12 @@ import time
 
 from bundle.manifest import Role
 
-from .. import admission, inplace
-from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
+from .. import admission
+from ..inplace import ApplyReport, StagedUpdate
 from ..revisions import Revision, read_verified
-from .base import BackendError, BackendUnavailable, Description, LoadReport, Output, Residency
+from .base import (
+    BackendError, BackendUnavailable, Description, LoadReport, Output, Residency, apply_and_advance,
+)
 
 try:
     import torch
@@ -177,14 +179,7 @@ class TorchBackend:
         return admission.stage(self.live, self.revision.manifest, revision)
 
     def apply_in_place(self, update: StagedUpdate) -> ApplyReport:
-        try:
-            report = inplace.apply(self.live, update, self.verify_chunks)
-        except ReleaseFailed as e:
-            if e.applied:
-                self.revision = update.target
-            raise
-        self.revision = update.target
-        return report
+        return apply_and_advance(self, self.live, update, self.verify_chunks)
 
 
 def _residency(model, device) -> Residency:

@@ -173,9 +173,7 @@ def test_corrupt_write_rolls_back_to_the_base(checkpoints, reference, owner_of):
 
 
 def test_failed_rollback_unloads(checkpoints, owner_of):
-    class Weights(FailRestoreWeights):
-        patches = 15  # every projection and the LM head of the 2-layer demo
-    owner = owner_of(Weights)
+    owner = owner_of(FailRestoreWeights)
     st = run(owner, "rows", checkpoints, "InPlace")
     assert st.result == "failed" and owner.state == "unloaded" and owner.identity().residency is None
 
