@@ -80,9 +80,10 @@ def choose_hf_config(size_bytes: int, vocab: int) -> dict:
     params = size_bytes // 2
     layers_target = 2 if params < 8_000_000 else (4 if params < 128_000_000 else 8)
     d = max(64, 64 * round(math.sqrt(params / (12 * layers_target)) / 64))
-    layers = max(1, round((params - 2 * vocab * d) / (12 * d * d)))
     head_dim = 16 if d < 256 else 64
+    d += head_dim * ((d // head_dim) % 2)  # an even number of heads: half of them share K/V
     heads = d // head_dim
+    layers = max(1, round((params - 2 * vocab * d) / (12 * d * d)))
     return {"vocab_size": vocab, "hidden_size": d, "intermediate_size": 3 * d,
             "num_hidden_layers": layers, "num_attention_heads": heads,
             "num_key_value_heads": max(1, heads // 2), "head_dim": head_dim,
