@@ -105,9 +105,9 @@ class TorchBackend:
 
     def _load(self, rev: Revision, keep) -> LoadReport:
         t0, compile_seconds = time.perf_counter(), 0.0
+        if not rev.manifest.files_with(Role.tokenizer):
+            raise BackendError("the checkpoint has no tokenizer files (tokenizer.json, ...)")
         try:
-            if not rev.manifest.files_with(Role.tokenizer):
-                raise BackendError("the checkpoint has no tokenizer files (tokenizer.json, ...)")
             for entry in rev.manifest.files_with(Role.config, Role.tokenizer, Role.graph):
                 read_verified(rev, entry)  # small files; transformers reads them by path next
             if keep is not None:
