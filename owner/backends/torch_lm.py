@@ -7,7 +7,7 @@ module its config describes, built on the ``meta`` device (no memory, no init):
 every tensor must be one the module has, of its shape, and every parameter must be
 provided (:func:`owner.torch_weights.bind`). Only then ``from_pretrained`` loads it,
 in the checkpoint's dtype, local files only and no remote code, and moves it to the
-device; the tokenizer is the checkpoint's own (``AutoTokenizer``). An unknown
+device (on the CPU, out of the file mapping into the owner's own memory); the tokenizer is the checkpoint's own (``AutoTokenizer``). An unknown
 architecture, a config that does not match the tensors or missing tokenizer files are
 clear :class:`BackendError`\\ s at load, so the owner never becomes ready on them.
 
@@ -139,7 +139,10 @@ class TorchBackend:
         wrong = {k: sorted(map(str, v)) for k, v in info.items() if k != "error_msgs" and v}
         if wrong:
             raise WeightsMismatch(f"transformers reports {wrong}")
-        return model.to(self.device).eval().requires_grad_(False)
+        model = model.to(self.device).eval().requires_grad_(False)
+        if self.device.type == "cpu":
+            _own_memory(model)
+        return model
 
     # -- serving -----------------------------------------------------------------
     def describe(self) -> Description:
@@ -180,6 +183,19 @@ class TorchBackend:
 
     def apply_in_place(self, update: StagedUpdate) -> ApplyReport:
         return apply_and_advance(self, self.live, update, self.verify_chunks)
+
+
+def _own_memory(model) -> None:
+    """Copy every parameter into the process's own memory, one tensor at a time.
+
+    On the CPU ``from_pretrained`` leaves parameters backed by a private map of the
+    revision's safetensors file: pages are read from the volume when first used and may be
+    dropped and read again under memory pressure, and the first write to each page (a reload
+    into the kept module) copies it. A resident model holds its weights itself. Tied
+    parameters are one Parameter object, so they stay tied."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone()
 
 
 def _residency(model, device) -> Residency:
