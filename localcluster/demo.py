@@ -5,7 +5,9 @@
 2. Install Resident with its Helm chart: the operator Deployment, the bridge DaemonSet
    (registered with kubelet as CSI driver bundles.resident.dev), the CRDs.
 3. Generate a demo model in four revisions and push them to a bundle server on 127.0.0.1.
-4. Apply a ResidentModel (cpu backend), wait until it is Ready, generate text.
+4. Apply a ResidentModel (cpu backend), wait until it is Ready, and complete a prompt as
+   an application would: an OpenAI request through the model's Service (on this node,
+   which runs no kube-proxy, sent to the Service's ready endpoint).
 5. Three transitions: graph-only, in place (rows), whole bundle rebased on the donor.
    A table of each transition's path, bytes and durations, from the model's status.
 6. Delete the model and show that no Pod, BundleDelivery, lease or mount is left.
@@ -33,6 +35,15 @@ def step(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
+def show_completion(story: Story) -> None:
+    """What an application does: an OpenAI completion through the model's Service."""
+    address, answer = story.complete("Resident keeps models")
+    rm = story.get()
+    print(f"    POST {rm['status']['endpoint']}/v1/completions (on this node: its endpoint {address})")
+    print(f"    -> text {answer['choices'][0]['text']!r} from revision {answer['system_fingerprint'][:19]}"
+          f" (status identity {rm['status']['identity']['bundle'][:19]}; the demo model has random weights)")
+
+
 def run(size_mib: int, work: Path, keep: bool) -> int:
     began = time.monotonic()
     step(f"generating a {size_mib} MiB demo model in 4 revisions under {work}")
@@ -58,9 +69,8 @@ def run(size_mib: int, work: Path, keep: bool) -> int:
         story.apply(model_body(NAME, server.url, revs.a))
         story.wait_ready(revs.a)
         print(cluster.kubectl("get", "rm", "-n", NAMESPACE).stdout, end="")
-        answer = story.generate("Resident keeps models")
-        print(f"    owner generated tokens {answer['tokens']} (first token {answer['firstTokenSeconds']:.3f}s;"
-              " the demo model has random weights)")
+        print(cluster.kubectl("get", "endpoints", NAME, "-n", NAMESPACE).stdout, end="")
+        show_completion(story)
 
         rows = []
         for label, spec in [
@@ -72,8 +82,7 @@ def run(size_mib: int, work: Path, keep: bool) -> int:
             last = story.transition(spec)
             rows.append(transition_row(label, last))
             print("    " + format_table(rows[-1:]).splitlines()[1])
-        answer = story.generate("Resident keeps models")
-        print(f"    owner on revision D generated tokens {answer['tokens']}")
+        show_completion(story)
         step("transitions, from the ResidentModel's status.lastTransition")
         print(format_table(rows))
         print(cluster.kubectl("describe", "rm", NAME, "-n", NAMESPACE).stdout.split("Events:")[-1][:3000])

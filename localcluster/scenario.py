@@ -168,6 +168,18 @@ class Story:
         answer.raise_for_status()
         return answer.json()
 
+    def complete(self, prompt: str, max_tokens: int = 12) -> tuple[str, dict]:
+        """An OpenAI completion through the model's Service: sent, as kube-proxy would, to a
+        ready address of its Endpoints. Returns (address, answer)."""
+        from .traffic import EndpointsFollower
+        addresses = EndpointsFollower(self.core, self.namespace, self.name).read()
+        if not addresses:
+            raise AssertionError(f"Service {self.namespace}/{self.name} has no ready endpoint")
+        answer = requests.post(f"http://{addresses[0]}/v1/completions", timeout=60,
+                               json={"model": self.name, "prompt": prompt, "max_tokens": max_tokens})
+        answer.raise_for_status()
+        return addresses[0], answer.json()
+
     # -- cleanup ---------------------------------------------------------------------
     def delete_and_wait_gone(self, timeout: float = 180.0) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, "residentmodels", self.name)
@@ -189,7 +201,10 @@ class Story:
             self.namespace, label_selector=selector).items]
         deliveries = [d["metadata"]["name"] for d in self.custom.list_namespaced_custom_object(
             GROUP, VERSION, self.namespace, "bundledeliveries")["items"]]
-        return {"pods": pods, "bundleDeliveries": deliveries, **node_state(self.bridge_root)}
+        services = [s.metadata.name for s in self.core.list_namespaced_service(
+            self.namespace, label_selector=selector).items]
+        return {"pods": pods, "bundleDeliveries": deliveries, "services": services,
+                **node_state(self.bridge_root)}
 
 
 def node_state(root: Path) -> dict[str, list]:

@@ -1,9 +1,12 @@
-"""``resident owner``: serve one model revision on one card over the owner control API.
+"""``resident owner``: serve one model revision on one card, on two ports.
 
 The owner loads ``<bundle-dir>/current`` with the chosen backend, optionally runs every
-compiled variant once (``--warmup``) before ``/readyz`` turns true, and then serves
-``/v1/identity``, ``/v1/transitions``, ``/v1/generate``, ``/healthz``, ``/readyz`` and
-``/metrics``. A start failure closes the engine and exits with status 1 and the cause.
+compiled variant once (``--warmup``) before ``/readyz`` turns true, and then serves the
+control API (``--port``: ``/v1/identity``, ``/v1/transitions``, ``/v1/generate``, behind
+the operator's token) and the inference API (``--inference-port``: OpenAI-compatible
+``/v1/completions`` and ``/v1/models``, behind ``--api-key-file`` if given), both with
+``/healthz``, ``/readyz`` and ``/metrics``. A start failure closes the engine and exits
+with status 1 and the cause.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import threading
 
 from . import jsonlog
 from .backends import REGISTRY, BackendError, create_backend
+from .inference import make_inference_server
 from .runtime import Owner, StartupError
 from .server import make_server, read_token
 
@@ -25,10 +29,13 @@ EPILOG = """\
 The bundle dir is the bridge's CSI volume: current -> revisions/sha256-<hex>, each
 revision with resident-manifest.json. Transitions name a target digest that must already
 be staged under revisions/. The bearer token file is mounted from the model's Secret.
+Without --api-key-file the inference port is open to whoever reaches it.
 
 example:
   resident bundle make-demo /tmp/demo --size 4MiB
   resident owner --bundle-dir /srv/bundle --token-file /var/run/resident/token --port 8080
+  curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "model", "prompt": "Hello", "max_tokens": 8}'
   resident bundle make-demo /tmp/hf --format hf --size 8MiB     # a Hugging Face checkpoint
   resident owner --backend torch --device cpu --bundle-dir ... --token-file ...
 """
@@ -45,7 +52,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", help="torch: the device to hold the model on (cpu, cuda, cuda:1; default cpu)")
     p.add_argument("--token-file", required=True, help="file holding the bearer token for /v1/*")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port to bind (default 8080; 0 picks one)")
+    p.add_argument("--port", type=int, default=8080, help="control port to bind (default 8080; 0 picks one)")
+    p.add_argument("--inference-port", type=int, default=8000,
+                   help="OpenAI-compatible inference port, on --host too (default 8000; 0 picks one)")
+    p.add_argument("--model-name", default="model",
+                   help="the model id /v1/models lists and completions echo (default 'model')")
+    p.add_argument("--api-key-file", help="file holding the API key the inference port requires as "
+                                          "'Authorization: Bearer <key>' (default: no key, the port is open)")
+    p.add_argument("--apply-wait-seconds", type=float, default=30.0,
+                   help="how long a request may wait behind an in-place apply before it gets 503 (default 30)")
     p.add_argument("--warmup", action="store_true", help="run every variant once before /readyz is true")
     p.add_argument("--verify-chunks", action="store_true",
                    help="cpu, torch: after an in-place write also rebuild every changed chunk from live memory "
@@ -68,22 +83,33 @@ def main(argv: list[str] | None = None) -> int:
         options["device"] = args.device
     try:
         token = read_token(args.token_file)
+        api_key = read_token(args.api_key_file) if args.api_key_file else None
         backend = create_backend(args.backend, **options)
     except (OSError, ValueError, BackendError) as e:
         print(f"resident owner: {e}", file=sys.stderr)
         return 1
-    owner = Owner(args.bundle_dir, backend, warmup=args.warmup)
+    if args.apply_wait_seconds < 0:
+        print("resident owner: --apply-wait-seconds must be >= 0", file=sys.stderr)
+        return 2
+    owner = Owner(args.bundle_dir, backend, warmup=args.warmup, apply_wait_seconds=args.apply_wait_seconds)
+    servers = []
     try:
-        server = make_server(owner, token, args.host, args.port)
+        servers.append(make_server(owner, token, args.host, args.port))
+        servers.append(make_inference_server(owner, args.host, args.inference_port, args.model_name, api_key))
     except OSError as e:
-        print(f"resident owner: cannot bind {args.host}:{args.port}: {e}", file=sys.stderr)
+        port = args.inference_port if servers else args.port
+        print(f"resident owner: cannot bind {args.host}:{port}: {e}", file=sys.stderr)
+        for server in servers:
+            server.server_close()
         return 1
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    serving = threading.Thread(target=server.serve_forever, name="http", daemon=True)
-    serving.start()
-    log.info("owner listening", extra={"host": args.host, "port": server.server_address[1],
+    for name, server in zip(("control", "inference"), servers):
+        threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    log.info("owner listening", extra={"host": args.host, "port": servers[0].server_address[1],
+                                       "inference_port": servers[1].server_address[1],
+                                       "model_name": args.model_name, "api_key": api_key is not None,
                                        "backend": args.backend, "bundle_dir": args.bundle_dir})
     code = 0
     try:
@@ -93,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resident owner: start failed: {e}", file=sys.stderr)
         code = 1
     finally:
-        server.shutdown()
-        server.server_close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
         owner.close()
     return code
 

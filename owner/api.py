@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 State = Literal["loading", "ready", "transitioning", "quarantined", "unloaded"]
 Result = Literal["running", "succeeded", "failed", "needs-reload"]
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+MAX_TOKENS = 1024  # the most tokens one request may ask for (both ports)
 
 
 class Wire(BaseModel):
@@ -47,6 +48,8 @@ class TransitionRequest(Wire):
     target: str = Field(pattern=DIGEST_PATTERN)
     path: Literal["GraphOnly", "WholeBundle"]
     strategy: Literal["Auto", "InPlace", "Reload"] = "Auto"
+    # a reload first turns not-ready and keeps serving this long, so the Endpoints drop it
+    drain_seconds: float = Field(default=0.0, ge=0, le=120, alias="drainSeconds")
 
 
 class Timings(Wire):
@@ -76,7 +79,7 @@ class TransitionStatus(Wire):
 
 class GenerateRequest(Wire):
     prompt: str = Field(min_length=1, max_length=4096)
-    max_tokens: int = Field(default=16, ge=1, le=1024, alias="maxTokens")
+    max_tokens: int = Field(default=16, ge=1, le=MAX_TOKENS, alias="maxTokens")
 
 
 class GenerateResponse(Wire):

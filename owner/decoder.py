@@ -14,6 +14,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -100,18 +101,30 @@ class Decoder:
         last = _rmsnorm(x[-1:], w["final_norm.weight"], self.eps)
         return (last @ w["lm_head.weight"].T)[0]
 
-    def generate(self, prompt: list[int], max_tokens: int, variant: Variant | None = None) -> Generation:
-        """Greedy decoding of ``max_tokens`` tokens after ``prompt``."""
+    def steps(self, prompt: list[int], max_tokens: int, variant: Variant | None = None
+              ) -> Iterator[tuple[int, np.ndarray]]:
+        """Greedy decoding, one (token, logits) at a time as each is produced."""
         if not prompt:
             raise ValueError("the prompt must contain at least one token")
         v = variant or self.graph.variant_for(len(prompt) + max_tokens)
         if len(prompt) + max_tokens > v.seq:
             raise ValueError(f"{len(prompt)}+{max_tokens} tokens do not fit variant {v.name}")
+        logits = self._step(prompt, 0, v)
+        token = int(np.argmax(logits))
+        yield token, logits
+        for i in range(1, max_tokens):
+            logits = self._step([token], len(prompt) + i - 1, v)
+            token = int(np.argmax(logits))
+            yield token, logits
+
+    def generate(self, prompt: list[int], max_tokens: int, variant: Variant | None = None) -> Generation:
+        """Greedy decoding of ``max_tokens`` tokens after ``prompt``."""
+        v = variant or self.graph.variant_for(len(prompt) + max_tokens)
         t0 = time.perf_counter()
-        logits = [self._step(prompt, 0, v)]
-        first = time.perf_counter() - t0
-        out = [int(np.argmax(logits[-1]))]
-        for _ in range(max_tokens - 1):
-            logits.append(self._step([out[-1]], len(prompt) + len(out) - 1, v))
-            out.append(int(np.argmax(logits[-1])))
+        out, logits, first = [], [], 0.0
+        for token, row in self.steps(prompt, max_tokens, v):
+            if not out:
+                first = time.perf_counter() - t0
+            out.append(token)
+            logits.append(row)
         return Generation(out, logits, first, v.name)

@@ -9,7 +9,8 @@ Its memory plan also holds the weights: one float32 buffer with a view per tenso
 config implies, allocated and touched here and filled by each load, as a device runtime
 allocates a program's weight buffers once and uploads into them. All of it depends only
 on the graph digest (graph + config files), so a reload to a revision with the same graph
-digest keeps the compiled graph, its arenas included, and skips this work.
+digest keeps the compiled graph, its arenas included, and skips this work; a reload to a
+new graph over the same weights binds the new graph to the weight arena already filled.
 """
 
 from __future__ import annotations
@@ -101,9 +102,14 @@ def _variant(spec: dict, config: dict) -> Variant:
                    np.cos(angles), np.sin(angles), mask, kv)
 
 
-def _weight_arena(config: dict) -> dict[str, np.ndarray]:
-    """One touched float32 buffer for every tensor the config implies, as named views."""
+def _weight_arena(config: dict, adopt: dict[str, np.ndarray] | None = None
+                  ) -> dict[str, np.ndarray]:
+    """One touched float32 buffer for every tensor the config implies, as named views; or
+    ``adopt``, the arena of an earlier compile, when it holds exactly those tensors."""
     shapes = tensor_shapes(config)
+    if adopt is not None and {n: tuple(s) for n, s in shapes} == \
+            {n: a.shape for n, a in adopt.items() if a.dtype == np.float32}:
+        return adopt
     total = sum(math.prod(shape) for _, shape in shapes)
     if total * 4 > MAX_ARENA_BYTES:
         raise GraphError(f"weights of {total} parameters exceed the {MAX_ARENA_BYTES}-byte arena limit")
@@ -117,8 +123,12 @@ def _weight_arena(config: dict) -> dict[str, np.ndarray]:
     return views
 
 
-def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str) -> CompiledGraph:
-    """Parse, check and lower the graph for every variant it names."""
+def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str,
+                  weights: dict[str, np.ndarray] | None = None) -> CompiledGraph:
+    """Parse, check and lower the graph for every variant it names. ``weights``: an earlier
+    graph's weight arena to bind instead of a new one, if the memory plan is the same (a
+    device runtime binds a new program to buffers already uploaded); the caller checks
+    ``result.weights is weights``."""
     try:
         graph, config = json.loads(graph_bytes), json.loads(config_bytes)
     except ValueError as e:
@@ -129,6 +139,7 @@ def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str) -> Compi
         specs = graph["variants"]
         if not specs:
             raise GraphError("graph names no variants")
-        return CompiledGraph(digest, config, [_variant(s, config) for s in specs], _weight_arena(config))
+        return CompiledGraph(digest, config, [_variant(s, config) for s in specs],
+                             _weight_arena(config, weights))
     except (KeyError, TypeError) as e:
         raise GraphError(f"graph or config is malformed: missing or wrong {e}") from None

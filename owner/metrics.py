@@ -5,7 +5,19 @@
 - ``resident_owner_transitions_total{strategy,result}``;
 - ``resident_owner_generate_duration_seconds`` and ``resident_owner_first_token_seconds``;
 - ``resident_owner_load_duration_seconds{phase}``: read (weights) and compile (graph);
-- ``resident_owner_state{state}``: 1 for the current state, 0 for the others.
+- ``resident_owner_state{state}``: 1 for the current state, 0 for the others;
+- ``resident_owner_ready``: 1 while ``/readyz`` answers 200.
+
+The inference port's, by the revision that answered (``none`` when none did: refused
+before a revision was chosen):
+
+- ``resident_owner_inference_requests_total{revision,code}`` (every answered request);
+- ``resident_owner_inference_errors_total{revision,type}`` (error answers by OpenAI error
+  type, plus ``stream_error`` for a stream cut short after its first chunk);
+- ``resident_owner_generated_tokens_total{revision}``;
+- ``resident_owner_time_to_first_token_seconds{revision}`` (from the request's arrival,
+  waiting included, to its first token);
+- ``resident_owner_inference_request_duration_seconds{revision}``.
 """
 
 from __future__ import annotations
@@ -32,6 +44,19 @@ class OwnerMetrics:
         self.load = Histogram("resident_owner_load_duration_seconds", "Model load phases",
                               ["phase"], buckets=BUCKETS, registry=r)
         self.state = Gauge("resident_owner_state", "1 for the owner's current state", ["state"], registry=r)
+        self.ready = Gauge("resident_owner_ready", "1 while /readyz answers 200", registry=r)
+        self.requests = Counter("resident_owner_inference_requests_total",
+                                "Inference requests by the revision that answered and HTTP code",
+                                ["revision", "code"], registry=r)
+        self.errors = Counter("resident_owner_inference_errors_total", "Inference error answers by type",
+                              ["revision", "type"], registry=r)
+        self.tokens = Counter("resident_owner_generated_tokens_total", "Tokens generated for requests",
+                              ["revision"], registry=r)
+        self.ttft = Histogram("resident_owner_time_to_first_token_seconds",
+                              "From a request's arrival to its first token", ["revision"],
+                              buckets=BUCKETS, registry=r)
+        self.duration = Histogram("resident_owner_inference_request_duration_seconds",
+                                  "Inference request duration", ["revision"], buckets=BUCKETS, registry=r)
 
     def set_state(self, state: str) -> None:
         for s in STATES:

@@ -5,14 +5,18 @@ State machine: ``loading`` until the start revision is loaded (and, with warmup,
 compiled variant has run once), then ``ready``. A transition moves to ``transitioning``
 and back to ``ready``, or to ``unloaded`` (the model is gone: a reload failed after the
 old runtime was closed, or an in-place restore failed) or ``quarantined`` (staged memory
-could not be released: inference continues, transitions are refused).
+could not be released: inference continues, transitions are refused). Readiness
+(``/readyz``) is ``ready``, or ``transitioning`` in place: only a reload takes the owner
+out of its Service's endpoints (``reloading``), from its drain until the new revision
+answered.
 
-Two locks and a condition: ``engine`` is held by every generate and by the part of a
-transition that touches live weights, so a request sees either the old or the new
-identity, never a mix; ``transition_guard`` is taken without waiting, so a second
-transition while one runs is refused instead of queued; ``finished`` wakes whoever waits
-for a transition's result (``GET /v1/transitions/{id}?waitSeconds=N``), so the operator
-steps on at once.
+Locks: ``revision_lock`` (:mod:`owner.revision_lock`) is shared by every request for its
+whole generation and held alone by the part of a transition that touches live weights,
+so a request is served wholly by the old or the new revision, never a mix; ``engine``
+serializes the requests' backend calls (a backend is not thread-safe);
+``transition_guard`` is taken without waiting, so a second transition while one runs is
+refused instead of queued; ``finished`` wakes whoever waits for a transition's result
+(``GET /v1/transitions/{id}?waitSeconds=N``), so the operator steps on at once.
 """
 
 from __future__ import annotations
@@ -20,17 +24,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from . import api
 from .backends.base import Backend, BackendError
 from .metrics import OwnerMetrics
+from .revision_lock import LockClosed, RevisionLock, WaitExpired
 from .revisions import Revision, RevisionError, RevisionNotFound, open_revision
 from .transitions import new_status, run_transition
 
 log = logging.getLogger("resident.owner")
 PROBE_PROMPT = "\n"
 MAX_REMEMBERED = 100
+RETRY_AFTER_SECONDS = 1
 
 
 class StartupError(RuntimeError):
@@ -38,21 +46,26 @@ class StartupError(RuntimeError):
 
 
 class Refused(Exception):
-    """A request the owner will not serve now or at all; ``status`` is the HTTP code."""
+    """A request the owner will not serve now or at all; ``status`` is the HTTP code,
+    ``retry_after`` (seconds) is set when trying again soon may succeed."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.retry_after = status, retry_after
 
 
 class Owner:
     def __init__(self, bundle_dir: Path | str, backend: Backend, warmup: bool = False,
-                 metrics: OwnerMetrics | None = None):
+                 metrics: OwnerMetrics | None = None, apply_wait_seconds: float = 30.0):
         self.bundle_dir = Path(bundle_dir)
         self.backend = backend
         self.warmup = warmup
         self.metrics = metrics or OwnerMetrics()
+        self.apply_wait_seconds = apply_wait_seconds
+        self.revision_lock = RevisionLock()
         self.engine = threading.Lock()
+        self.reloading = False
+        self.closing = threading.Event()  # cuts a reload's drain short at shutdown
         self.transition_guard = threading.Lock()
         self.finished = threading.Condition()   # notified when a transition's result is set
         self.transitions: dict[str, api.TransitionStatus] = {}
@@ -60,6 +73,7 @@ class Owner:
         self._state = "loading"
         self.reason = ""
         self.metrics.set_state("loading")
+        self.metrics.ready.set_function(lambda: float(self.ready))
 
     # -- state -------------------------------------------------------------------
     @property
@@ -72,6 +86,14 @@ class Owner:
                                                     "reason": reason})
         self._state, self.reason = state, reason
         self.metrics.set_state(state)
+
+    @property
+    def ready(self) -> bool:
+        return self._state == "ready" or (self._state == "transitioning" and not self.reloading)
+
+    def live_digest(self) -> str | None:
+        ident = self.backend.describe().identity
+        return ident["bundle"] if ident else None
 
     def identity(self) -> api.IdentityResponse:
         d = self.backend.describe()
@@ -109,11 +131,28 @@ class Owner:
             self.backend.generate(PROBE_PROMPT, 1, variant)
 
     # -- inference ---------------------------------------------------------------
+    @contextmanager
+    def serving(self) -> Iterator[str]:
+        """Hold the live revision, and the engine, for one request; yields its bundle digest.
+
+        Waits at most ``apply_wait_seconds`` behind an in-place apply; during a reload, or
+        with no model loaded, refuses at once with 503 and a Retry-After."""
+        try:
+            with self.revision_lock.shared(self.apply_wait_seconds):
+                digest = self.live_digest()
+                if self.state in ("loading", "unloaded") or digest is None:
+                    raise Refused(503, f"owner is {self.state}; no model to run {self.reason}".strip(),
+                                  RETRY_AFTER_SECONDS)
+                with self.engine:
+                    yield digest
+        except LockClosed:
+            raise Refused(503, "the owner is reloading its model", RETRY_AFTER_SECONDS) from None
+        except WaitExpired as e:
+            raise Refused(503, f"{e}; try again", RETRY_AFTER_SECONDS) from None
+
     def generate(self, req: api.GenerateRequest) -> api.GenerateResponse:
         t0 = time.perf_counter()
-        with self.engine:
-            if self.state in ("loading", "unloaded"):
-                raise Refused(503, f"owner is {self.state}; no model to run {self.reason}".strip())
+        with self.serving():
             try:
                 out = self.backend.generate(req.prompt, req.max_tokens)
             except BackendError as e:
@@ -145,7 +184,7 @@ class Owner:
             self.transition_guard.release()
             raise
         self._remember(status)
-        thread = threading.Thread(target=run_transition, args=(self, status, target),
+        thread = threading.Thread(target=run_transition, args=(self, status, target, req.drain_seconds),
                                   name=f"transition-{status.id}", daemon=True)
         self.threads = [t for t in self.threads if t.is_alive()] + [thread]
         thread.start()
@@ -190,6 +229,7 @@ class Owner:
             t.join(timeout)
 
     def close(self) -> None:
+        self.closing.set()
         self.wait_idle()
-        with self.engine:
+        with self.revision_lock.exclusive(closed=True):
             self.backend.close()

@@ -8,6 +8,13 @@ reload. Reload closes the old runtime first, so a failed reload leaves the owner
 ``unloaded``; its staging step therefore checks that every target file is present with
 the manifest's size before the old runtime is closed.
 
+Traffic: an in-place transition keeps the owner ready; its apply holds the revision lock
+alone, so requests finish on the old revision or wait (bounded) for the new one. A reload
+first turns the owner not-ready and keeps serving the old revision for ``drainSeconds``
+(so the kubelet's probe takes it out of the Service's Endpoints), then holds the lock
+closed: the requests in flight finish, later ones get 503 with Retry-After until the new
+revision has answered its first token (and warmed up), when the owner turns ready again.
+
 Phases and their timings: ``stage`` (admission and reading/hash-checking changed chunks,
 or the reload pre-check), ``apply`` (journal + write, or close + load), ``verify``
 (read-back, or identity check of the loaded revision), ``warmup`` (only for a reload that
@@ -57,7 +64,7 @@ def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api
     update = owner.backend.stage_in_place(target)
     t.stage_seconds = time.perf_counter() - t0
     st.strategy, st.bytes_read, st.rows_changed = "InPlace", update.bytes_read, update.rows_changed
-    with owner.engine:
+    with owner.revision_lock.exclusive():
         try:
             report = owner.backend.apply_in_place(update)
         except VerifyFailed as e:
@@ -75,13 +82,17 @@ def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api
     return "ready", "succeeded"
 
 
-def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings
-            ) -> tuple[str, str]:
+def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings,
+            drain_seconds: float) -> tuple[str, str]:
     st.strategy = "Reload"
     t0 = time.perf_counter()
     _precheck(target)
     t.stage_seconds = time.perf_counter() - t0
-    with owner.engine:
+    owner.reloading = True  # /readyz 503 from here until the new revision answered
+    if drain_seconds:
+        log.info("draining before reload", extra={"transition": st.id, "seconds": drain_seconds})
+        owner.closing.wait(drain_seconds)  # still serving the old revision meanwhile
+    with owner.revision_lock.exclusive(closed=True):
         t1 = time.perf_counter()
         try:
             report = owner.backend.reload(target)
@@ -105,7 +116,8 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
     return "ready", "succeeded"
 
 
-def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision) -> None:
+def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision,
+                   drain_seconds: float = 0.0) -> None:
     """Body of a transition thread; always leaves ``st`` finished and the guard released.
 
     The result is published last, after the new identity and the owner's state: whoever
@@ -130,9 +142,9 @@ def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision) -
                     raise
                 log.info("in place not admissible, reloading", extra={"transition": st.id, "reason": str(e)})
                 st.reason = f"reload chosen: {e}"
-                final, result = _reload(owner, st, target, t)
+                final, result = _reload(owner, st, target, t, drain_seconds)
         else:
-            final, result = _reload(owner, st, target, t)
+            final, result = _reload(owner, st, target, t, drain_seconds)
     except NeedsReload as e:
         result, st.reason = "needs-reload", str(e)
     except (IntegrityError, RevisionError) as e:
@@ -144,6 +156,7 @@ def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision) -
         t.total_seconds = time.perf_counter() - start
         st.identity = _identity(owner)
         owner.set_state(final, st.reason if final != "ready" else "")
+        owner.reloading = False
         owner.metrics.observe_transition(st.strategy or "None", result, {
             "stage": t.stage_seconds, "apply": t.apply_seconds, "verify": t.verify_seconds,
             "warmup": t.warmup_seconds, "first_token": t.first_token_seconds, "total": t.total_seconds})

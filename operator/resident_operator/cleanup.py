@@ -16,7 +16,7 @@ from . import children as ch
 from .context import ModelContext
 from .model_state import ModelState
 
-SWEPT_KINDS = ("BundleDelivery", "Pod", "Secret")
+SWEPT_KINDS = ("BundleDelivery", "Pod", "Service", "PodDisruptionBudget", "Secret")
 
 
 def delete_recorded_children(ctx: ModelContext, state: ModelState) -> list[ch.Child]:

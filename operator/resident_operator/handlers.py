@@ -70,9 +70,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="resident.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="resident.dev", key="last-handled-configuration")
-    # Only our children are watched: the API server filters Pods and Secrets by label.
-    settings.watching.label_selectors["pods"] = naming.LABEL_MODEL_UID
-    settings.watching.label_selectors["secrets"] = naming.LABEL_MODEL_UID
+    # Only our children are watched: the API server filters Pods, Secrets and Services by label.
+    for plural in ("pods", "secrets", "services"):
+        settings.watching.label_selectors[plural] = naming.LABEL_MODEL_UID
     # Events are posted explicitly (kopf.event ignores this level); kopf's own log lines,
     # e.g. "failed temporarily" every retry while children go away, stay in the logs.
     settings.posting.level = logging.CRITICAL
@@ -180,6 +180,11 @@ async def pod_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
 @kopf.on.event("secrets", labels=OWNED)
 async def secret_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
     _wake_model_of(labels, model_handles, "secret")
+
+
+@kopf.on.event("services", labels=OWNED)
+async def service_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
+    _wake_model_of(labels, model_handles, "service")
 
 
 @kopf.on.event(*DELIVERIES, labels=OWNED)

@@ -1,7 +1,7 @@
 """The operator's side effects on the API server, as plain dicts in and out.
 
-A thin layer over the official client for the three kinds the operator creates (Pod,
-Secret, BundleDelivery) and for the ResidentModel's status. Creation tolerates 409 by
+A thin layer over the official client for the kinds the operator creates (Pod, Secret,
+Service, BundleDelivery, PodDisruptionBudget) and for the ResidentModel's status. Creation tolerates 409 by
 returning the existing object (the caller decides whether it may adopt it); deletion
 tolerates 404 and always carries a UID precondition, and reports a 409 (the name now
 belongs to another object) as "not ours" instead of deleting it.
@@ -20,7 +20,10 @@ from kubernetes.client.rest import ApiException
 from . import naming
 
 log = logging.getLogger(__name__)
-KINDS = {"Pod": "pods", "Secret": "secrets", "BundleDelivery": naming.DELIVERY_PLURAL}
+CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}
+# other kinds: (group, versions in order of preference, plural)
+KINDS = {"BundleDelivery": (naming.GROUP, (naming.VERSION,), naming.DELIVERY_PLURAL),
+         "PodDisruptionBudget": ("policy", ("v1", "v1beta1"), "poddisruptionbudgets")}
 
 
 def load_config() -> kubernetes.client.ApiClient:
@@ -35,29 +38,54 @@ def load_config() -> kubernetes.client.ApiClient:
 
 
 class Kube:
-    """Create, read, list, delete (by UID) and status-patch, returning dicts."""
+    """Create, read, list, patch, delete (by UID) and status-patch, returning dicts."""
 
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        self._versions: dict[str, str] = {}
+
+    def api_version(self, kind: str) -> str:
+        """``group/version`` of ``kind``: the first version of KINDS the API server serves."""
+        if kind in CORE_KINDS:
+            return "v1"
+        if kind not in self._versions:
+            group, versions, plural = KINDS[kind]
+            self._versions[kind] = next(
+                (v for v in versions[:-1] if self._serves(group, v, plural)), versions[-1])
+        return f"{KINDS[kind][0]}/{self._versions[kind]}"
+
+    def _serves(self, group: str, version: str, plural: str) -> bool:
+        try:
+            listed = self._json(self.custom.get_api_resources(group, version, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in listed.get("resources") or [])
 
     @staticmethod
     def _json(resp: Any) -> dict[str, Any]:
         return json.loads(resp.data)
 
+    def _call(self, verb: str, kind: str, namespace: str, *args: Any, **kw: Any) -> Any:
+        """``verb`` (create, read, list, patch, delete) on ``kind`` in ``namespace``: core
+        kinds through CoreV1Api's ``<verb>_namespaced_<kind>``, ours as custom objects."""
+        if kind in CORE_KINDS:
+            method = getattr(self.core, f"{verb}_namespaced_{CORE_KINDS[kind]}")
+            if verb in ("read", "patch", "delete"):   # (name, namespace, ...)
+                return method(args[0], namespace, *args[1:], **kw)
+            return method(namespace, *args, **kw)
+        verb = {"read": "get"}.get(verb, verb)
+        method = getattr(self.custom, f"{verb}_namespaced_custom_object")
+        group, version = self.api_version(kind).split("/")
+        return method(group, version, namespace, KINDS[kind][2], *args, **kw)
+
     def create(self, namespace: str, obj: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create ``obj``; on 409 return the existing object. Returns (object, created)."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
-            if kind == "Pod":
-                resp = self.core.create_namespaced_pod(namespace, obj, _preload_content=False)
-            elif kind == "Secret":
-                resp = self.core.create_namespaced_secret(namespace, obj, _preload_content=False)
-            else:
-                resp = self.custom.create_namespaced_custom_object(
-                    naming.GROUP, naming.VERSION, namespace, KINDS[kind], obj,
-                    _preload_content=False)
-            return self._json(resp), True
+            return self._json(self._call("create", kind, namespace, obj, _preload_content=False)), True
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -68,50 +96,32 @@ class Kube:
 
     def get(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         try:
-            if kind == "Pod":
-                resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
-            elif kind == "Secret":
-                resp = self.core.read_namespaced_secret(name, namespace, _preload_content=False)
-            else:
-                resp = self.custom.get_namespaced_custom_object(
-                    naming.GROUP, naming.VERSION, namespace, KINDS[kind], name,
-                    _preload_content=False)
-            obj = self._json(resp)
-            obj.setdefault("kind", kind)
-            return obj
+            obj = self._json(self._call("read", kind, namespace, name, _preload_content=False))
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
+        obj.setdefault("kind", kind)
+        return obj
 
     def list(self, namespace: str, kind: str, selector: str) -> list[dict[str, Any]]:
-        if kind == "Pod":
-            resp = self.core.list_namespaced_pod(namespace, label_selector=selector,
-                                                 _preload_content=False)
-        elif kind == "Secret":
-            resp = self.core.list_namespaced_secret(namespace, label_selector=selector,
-                                                    _preload_content=False)
-        else:
-            resp = self.custom.list_namespaced_custom_object(
-                naming.GROUP, naming.VERSION, namespace, KINDS[kind],
-                label_selector=selector, _preload_content=False)
-        items = self._json(resp).get("items") or []
+        items = self._json(self._call("list", kind, namespace, label_selector=selector,
+                                      _preload_content=False)).get("items") or []
         for item in items:
             item.setdefault("kind", kind)
-            item.setdefault("apiVersion", "v1" if kind in ("Pod", "Secret") else naming.API_VERSION)
+            item.setdefault("apiVersion", self.api_version(kind))
         return items
+
+    def patch(self, namespace: str, kind: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386) of ``name``: a list in ``patch`` replaces the whole list."""
+        return self._json(self._call("patch", kind, namespace, name, patch, _preload_content=False,
+                                     _content_type="application/merge-patch+json"))
 
     def delete(self, namespace: str, kind: str, name: str, uid: str) -> str:
         """Delete ``name`` only if its UID is ``uid``: returns deleted, gone or not-ours."""
         body = kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid))
         try:
-            if kind == "Pod":
-                self.core.delete_namespaced_pod(name, namespace, body=body)
-            elif kind == "Secret":
-                self.core.delete_namespaced_secret(name, namespace, body=body)
-            else:
-                self.custom.delete_namespaced_custom_object(
-                    naming.GROUP, naming.VERSION, namespace, KINDS[kind], name, body=body)
+            self._call("delete", kind, namespace, name, body=body, _preload_content=False)
             return "deleted"
         except ApiException as e:
             if e.status == 404:

@@ -34,6 +34,12 @@ COMPONENT_DELIVERY = "delivery"
 COMPONENT_TOKEN = "token"
 TOKEN_KEY = "token"
 TOKEN_MOUNT_DIR = "/var/run/resident"
+API_KEY_KEY = "api-key"
+API_KEY_MOUNT_DIR = "/var/run/resident-api-key"
+PORT_CONTROL = "control"
+PORT_HTTP = "http"
+COMPONENT_SERVICE = "service"
+COMPONENT_BUDGET = "disruption-budget"
 BUNDLE_MOUNT = "/bundle"
 MAX_NAME = 63
 
@@ -70,3 +76,14 @@ def revision_label(digest: str) -> str:
 def model_labels(model: str, model_uid: str, component: str) -> dict[str, str]:
     """Labels that tie a child to its model by name and by UID (the orphan sweep uses both)."""
     return {LABEL_MODEL: fit(model), LABEL_MODEL_UID: model_uid, LABEL_COMPONENT: component}
+
+
+def owner_match(model_uid: str) -> dict[str, str]:
+    """The labels that select a model's owner Pods (its Service's selector)."""
+    return {LABEL_MODEL_UID: model_uid, LABEL_COMPONENT: COMPONENT_OWNER}
+
+
+def owner_selector(model_uid: str) -> str:
+    """:func:`owner_match` as a label selector string (``status.selector``, read by the
+    scale subresource, so ``kubectl scale`` and an HPA can count the owners)."""
+    return ",".join(f"{k}={v}" for k, v in owner_match(model_uid).items())

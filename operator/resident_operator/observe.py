@@ -27,6 +27,7 @@ class OwnerView:
     uid: str
     node: str = ""
     pod_ip: str = ""
+    control_port: int | None = None  # the Pod's port named "control" (slot ports differ)
     pod_phase: str = "Pending"
     ready: bool = False
     terminating: bool = False
@@ -70,7 +71,8 @@ def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
         incarnation=int(labels.get(naming.LABEL_INCARNATION, 0)),
         pod=meta.get("name", ""), uid=meta.get("uid", ""),
         node=(pod.get("spec") or {}).get("nodeName") or "",
-        pod_ip=status.get("podIP") or "", pod_phase=status.get("phase") or "Pending",
+        pod_ip=status.get("podIP") or "", control_port=_named_port(pod, naming.PORT_CONTROL),
+        pod_phase=status.get("phase") or "Pending",
         ready=ready and not meta.get("deletionTimestamp"),
         terminating=bool(meta.get("deletionTimestamp")),
         bundle_digest=(meta.get("annotations") or {}).get("resident.dev/bundle-digest", ""),
@@ -168,3 +170,11 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         "owners": [o.to_status() for o in sorted(owners, key=lambda o: (o.slot, o.incarnation))],
         "conditions": conds,
     }
+
+
+def _named_port(pod: dict[str, Any], name: str) -> int | None:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == name:
+                return port.get("containerPort")
+    return None

@@ -44,9 +44,14 @@ class OwnerClient:
     def identity(self) -> dict[str, Any]:
         return self._call("GET", "/v1/identity")[1]
 
-    def start_transition(self, target: str, path: str, strategy: str) -> dict[str, Any]:
-        return self._call("POST", "/v1/transitions",
-                          {"target": target, "path": path, "strategy": strategy})[1]
+    def start_transition(self, target: str, path: str, strategy: str,
+                         drain_seconds: float = 0.0) -> dict[str, Any]:
+        """Start a transition. A reload first keeps serving, not ready, for ``drain_seconds``
+        so that the owner leaves its Service's Endpoints before the old revision closes."""
+        body: dict[str, Any] = {"target": target, "path": path, "strategy": strategy}
+        if drain_seconds > 0:   # owners before drains existed accept the request without it
+            body["drainSeconds"] = drain_seconds
+        return self._call("POST", "/v1/transitions", body)[1]
 
     def wait(self, transition_id: str) -> OwnerWait:
         """How to wait for this transition's result (the driver does it, asynchronously)."""

@@ -20,14 +20,17 @@ from .model_state import ModelState
 from .observe import OwnerView
 from .owner_client import OwnerUnreachable
 from .owners import create_child, create_owner_pod, owner_client
+from .settings import OperatorSettings
 from .spec import ModelSpec
 from .transition import Action, OwnerObservation, OwnerProgress, Step, TransitionState
+
+DRAIN_MARGIN_SECONDS = 2.0
 
 
 def _owner_now(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> dict[str, Any]:
     """The owner's state and bundle as it answers now (state None if it does not answer)."""
     try:
-        answer = owner_client(ctx, spec, view.pod_ip).identity()
+        answer = owner_client(ctx, spec, view).identity()
     except OwnerUnreachable:
         return {"state": None}
     return {"state": answer.get("state"), "identity_bundle": (answer.get("identity") or {}).get("bundle")}
@@ -44,7 +47,7 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
     if p.step == Step.delivering and p.delivery:
         obs["delivery"] = observe_delivery(deliveries.get(p.delivery))
     if p.step == Step.applying and p.owner_transition and exists:
-        client = owner_client(ctx, spec, view.pod_ip)
+        client = owner_client(ctx, spec, view)
         try:
             obs["owner_transition"] = client.transition(p.owner_transition)
         except OwnerUnreachable as e:
@@ -58,6 +61,15 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
     if exists and (p.step == Step.verifying or finished):
         obs.update(_owner_now(ctx, spec, view))   # not as seen at the start of the pass
     return OwnerObservation(**obs)
+
+
+def drain_seconds(spec: ModelSpec, settings: OperatorSettings) -> float:
+    """How long a reloading owner keeps serving while not ready: one readiness period plus
+    time for the Endpoints and every proxy to follow, when other replicas can take its
+    traffic; with one replica there is nowhere to drain to (requests get 503 + Retry-After)."""
+    if spec.replicas < 2:
+        return 0.0
+    return float(settings.readiness_period_seconds) + DRAIN_MARGIN_SECONDS
 
 
 def release_deliveries(ctx: ModelContext, state: ModelState, deliveries: dict[str, dict[str, Any]],
@@ -103,8 +115,9 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
     if action == Action.start_owner_transition:
         if view is None or not view.state == "ready":
             return p
-        client = owner_client(ctx, spec, view.pod_ip)
-        answer = client.start_transition(t.to, t.path, spec.transition.strategy)
+        client = owner_client(ctx, spec, view)
+        answer = client.start_transition(t.to, t.path, spec.transition.strategy,
+                                         drain_seconds(spec, ctx.settings))
         tid = str(answer.get("id") or "")
         ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {tid} to "
                                             f"{t.to[:19]} ({spec.transition.strategy})")

@@ -151,9 +151,10 @@ def owner_address(ctx: ModelContext, pod_ip: str) -> str:
     return ctx.settings.owner_host or pod_ip
 
 
-def owner_client(ctx: ModelContext, spec: ModelSpec, pod_ip: str) -> OwnerClient:
-    return OwnerClient(owner_address(ctx, pod_ip), spec.runtime.port, ctx.token,
-                       ctx.settings.owner_timeout_seconds)
+def owner_client(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> OwnerClient:
+    """A client of the owner's control API, at the port its Pod declares."""
+    return OwnerClient(owner_address(ctx, view.pod_ip), view.control_port or spec.runtime.port,
+                       ctx.token, ctx.settings.owner_timeout_seconds)
 
 
 def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpec
@@ -161,12 +162,11 @@ def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpe
     """A view per Pod; running Pods' owners are asked for their identity."""
     views = []
     for pod in pods:
-        pod_ip = (pod.get("status") or {}).get("podIP") or ""
-        running = (pod.get("status") or {}).get("phase") == "Running"
-        if not running or not owner_address(ctx, pod_ip) or pod["metadata"].get("deletionTimestamp"):
-            views.append(owner_view(pod))
+        seen = owner_view(pod)
+        if not seen.running or not owner_address(ctx, seen.pod_ip):
+            views.append(seen)
             continue
-        client = owner_client(ctx, spec, pod_ip)
+        client = owner_client(ctx, spec, seen)
         try:
             views.append(owner_view(pod, client.identity()))
         except OwnerUnreachable as e:

@@ -33,12 +33,25 @@ def owner_image(spec: ModelSpec, settings: OperatorSettings) -> str:
     return spec.runtime.image or settings.owner_image
 
 
-def owner_command(spec: ModelSpec) -> list[str]:
+def slot_ports(spec: ModelSpec, settings: OperatorSettings, slot: int) -> tuple[int, int]:
+    """(control, inference) ports of the owner in ``slot``.
+
+    Pods on host networking share the node's ports, so slot k listens on base+k of each
+    and replicas of one model can run side by side on one node; otherwise every owner has
+    its own network namespace and the bases themselves.
+    """
+    offset = slot if settings.owner_host_network else 0
+    return spec.runtime.port + offset, spec.serving.port + offset
+
+
+def owner_command(model: str, spec: ModelSpec, ports: tuple[int, int]) -> list[str]:
     """The owner's command line (the ``resident owner`` CLI)."""
     rt = spec.runtime
     cmd = ["resident", "owner", "--bundle-dir", naming.BUNDLE_MOUNT, "--backend", rt.backend,
-           "--port", str(rt.port), "--host", "0.0.0.0",
-           "--token-file", f"{naming.TOKEN_MOUNT_DIR}/{naming.TOKEN_KEY}"]
+           "--host", "0.0.0.0", "--port", str(ports[0]), "--inference-port", str(ports[1]),
+           "--model-name", model, "--token-file", f"{naming.TOKEN_MOUNT_DIR}/{naming.TOKEN_KEY}"]
+    if spec.serving.api_key_secret:
+        cmd += ["--api-key-file", f"{naming.API_KEY_MOUNT_DIR}/{naming.API_KEY_KEY}"]
     if rt.warmup:
         cmd.append("--warmup")
     return cmd
@@ -71,19 +84,20 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
     if rt.variants:
         env.append({"name": "RESIDENT_VARIANTS", "value": json.dumps(
             [v.model_dump(by_alias=True, exclude_none=True) for v in rt.variants])})
-    probe_port: int | str = rt.port
+    ports = slot_ports(spec, settings, slot)
     container = {
         "name": "owner",
         "image": owner_image(spec, settings),
-        "command": owner_command(spec),
+        "command": owner_command(model, spec, ports),
         "env": env,
-        "ports": [{"name": "control", "containerPort": rt.port, "protocol": "TCP"}],
+        "ports": [{"name": naming.PORT_CONTROL, "containerPort": ports[0], "protocol": "TCP"},
+                  {"name": naming.PORT_HTTP, "containerPort": ports[1], "protocol": "TCP"}],
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": probe_port},
+            "httpGet": {"path": "/readyz", "port": naming.PORT_CONTROL},
             "periodSeconds": settings.readiness_period_seconds, "failureThreshold": 1,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": probe_port},
+            "httpGet": {"path": "/healthz", "port": naming.PORT_CONTROL},
             "periodSeconds": 10, "failureThreshold": 6,
         },
         "volumeMounts": [
@@ -114,11 +128,24 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
+    if spec.serving.api_key_secret:
+        container["volumeMounts"].append(
+            {"name": "api-key", "mountPath": naming.API_KEY_MOUNT_DIR, "readOnly": True})
+        pod_spec["volumes"].append({"name": "api-key", "secret": {
+            "secretName": spec.serving.api_key_secret, "defaultMode": TOKEN_MODE,
+            "items": [{"key": naming.API_KEY_KEY, "path": naming.API_KEY_KEY}]}})
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True)
                                    for t in spec.tolerations]
+    if spec.affinity:
+        pod_spec["affinity"] = dict(spec.affinity)
+    if spec.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = [_owner_scoped(tsc, model_uid)
+                                                 for tsc in spec.topology_spread_constraints]
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": naming.owner_pod_name(model, slot, incarnation), "labels": labels,
@@ -126,6 +153,13 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
                                      SOURCE_ANNOTATION: bundle_source}},
         "spec": pod_spec,
     }
+
+
+def _owner_scoped(constraint: dict[str, Any], model_uid: str) -> dict[str, Any]:
+    """A spread constraint without a labelSelector counts this model's owners."""
+    out = dict(constraint)
+    out.setdefault("labelSelector", {"matchLabels": naming.owner_match(model_uid)})
+    return out
 
 
 def new_token() -> str:

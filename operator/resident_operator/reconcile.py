@@ -15,12 +15,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import conditions as c
-from . import metrics
+from . import metrics, naming
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
 from .rollout import step_transition
+from .disruption import ensure_disruption_budget
+from .serving import ensure_service
 from .spec import SpecError, parse_spec, spec_problems
 
 OK, INVALID, GONE = "ok", "invalid", "gone"
@@ -57,13 +59,18 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     managed = {o.slot for o in t.owners} if t else set()
     revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])
     pods = ensure_owner_pods(ctx, state, spec, managed, revision)
+    endpoint = ensure_service(ctx, state, spec)
+    ensure_disruption_budget(ctx, state, spec)
     views = observe_owners(ctx, pods, spec)
     if state.transition is None:
         views = replace_broken_owners(ctx, state, spec, views)
     blocker = step_transition(ctx, state, spec, views)
-    report(ctx, derive_status(replicas=spec.replicas, owners=views, problems=[],
-                              transition=state.transition, last_transition=state.last_transition,
-                              blocker=blocker, desired_digest=spec.bundle.digest))
+    derived = derive_status(replicas=spec.replicas, owners=views, problems=[],
+                            transition=state.transition, last_transition=state.last_transition,
+                            blocker=blocker, desired_digest=spec.bundle.digest)
+    live = sum(1 for v in views if not v.terminating)
+    report(ctx, dict(derived, endpoint=endpoint or None, replicas=live,
+                     selector=naming.owner_selector(ctx.uid)))
     return OK, ""
 
 
@@ -78,6 +85,9 @@ def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
         "observedGeneration": generation, "phase": derived["phase"], "ready": derived["ready"],
         "identity": derived["identity"] or None, "owners": derived["owners"], "conditions": merged,
     }
+    for key in ("endpoint", "replicas", "selector"):   # not known when the spec is invalid
+        if key in derived:
+            patch[key] = derived[key]
     if changed(ctx.body.get("status") or {}, patch):
         ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
     metrics.set_model_phase(f"{ctx.namespace}/{ctx.name}", derived["phase"])

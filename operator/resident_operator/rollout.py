@@ -64,6 +64,7 @@ def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         to=to.digest, toSource=to.source, strategy=plan.strategy, path=plan.path,
         method=plan.method, predicted=plan.predicted,
         generation=int(ctx.body["metadata"].get("generation") or 0), startedAt=ctx.clock(),
+        awaitEndpoints=spec.replicas > 1,
         owners=[OwnerProgress(slot=v.slot, pod=v.pod, podUID=v.uid, node=v.node) for v in live])
     state.set_pending(None)
     state.save_transition()

@@ -29,6 +29,7 @@ BACKEND_ACCELERATORS: dict[str, tuple[str, ...]] = {
 }
 KNOWN_ACCELERATORS = ("furiosa.ai/rngd", "rebellions.ai/ATOM", "rebellions.ai/npu", "nvidia.com/gpu")
 LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+AFFINITY_KINDS = {"nodeAffinity", "podAffinity", "podAntiAffinity"}
 DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -72,6 +73,12 @@ class TransitionSpec(_Camel):
     timeout_seconds: int = Field(default=600, ge=1, le=86400, alias="timeoutSeconds")
 
 
+class ServingSpec(_Camel):
+    """How applications reach the model: the inference port and an optional API key."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key_secret: str | None = Field(default=None, alias="apiKeySecret")
+
+
 class Toleration(_Camel):
     key: str = ""
     operator: Literal["Exists", "Equal"] = "Equal"
@@ -87,10 +94,15 @@ class ModelSpec(_Camel):
     replicas: int = Field(default=1, ge=0, le=1024)
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     tolerations: tuple[Toleration, ...] = ()
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    topology_spread_constraints: tuple[dict[str, Any], ...] = Field(
+        default=(), alias="topologySpreadConstraints")
+    priority_class_name: str = Field(default="", alias="priorityClassName")
     bundle: BundleRef
     delivery: DeliverySpec = DeliverySpec()
     runtime: RuntimeSpec = RuntimeSpec()
     transition: TransitionSpec = TransitionSpec()
+    serving: ServingSpec = ServingSpec()
 
     @property
     def cards(self) -> int:
@@ -169,7 +181,24 @@ def _runtime_problems(spec: ModelSpec, settings: OperatorSettings) -> list[str]:
     if dups:
         out.append(f"spec.runtime.variants: duplicate names {', '.join(dups)}")
     out += _resources_problems(spec)
+    out += _port_problems(spec, settings)
+    secret = spec.serving.api_key_secret
+    if secret is not None and not DNS_SUBDOMAIN_RE.match(secret):
+        out.append(f"spec.serving.apiKeySecret {secret!r} is not a valid Secret name")
     return out
+
+
+def _port_problems(spec: ModelSpec, settings: OperatorSettings) -> list[str]:
+    """The control and inference ports must differ; on host networking slot k takes
+    base+k of each (docs/operator.md), so the two ranges must not overlap either."""
+    control, http = spec.runtime.port, spec.serving.port
+    width = max(spec.replicas, 1) if settings.owner_host_network else 1
+    if abs(control - http) < width:
+        return [f"spec.runtime.port {control} and spec.serving.port {http} overlap"
+                + (f" for {width} replicas on host networking (slot k uses port+k)" if width > 1 else "")]
+    if settings.owner_host_network and max(control, http) + width - 1 > 65535:
+        return [f"spec.replicas {spec.replicas}: slot ports above 65535 (slot k uses port+k)"]
+    return []
 
 
 def _resources_problems(spec: ModelSpec) -> list[str]:
@@ -206,4 +235,18 @@ def _placement_problems(spec: ModelSpec) -> list[str]:
             out.append(f"spec.tolerations[{i}]: an empty key needs operator Exists")
         if t.toleration_seconds is not None and t.effect != "NoExecute":
             out.append(f"spec.tolerations[{i}]: tolerationSeconds needs effect NoExecute")
+    extra = sorted(set(spec.affinity) - AFFINITY_KINDS)
+    if extra:
+        out.append(f"spec.affinity: only {', '.join(sorted(AFFINITY_KINDS))} are allowed, "
+                   f"not {', '.join(extra)}")
+    for i, tsc in enumerate(spec.topology_spread_constraints):
+        if not isinstance(tsc.get("maxSkew"), int) or tsc["maxSkew"] < 1:
+            out.append(f"spec.topologySpreadConstraints[{i}].maxSkew must be an integer >= 1")
+        if not tsc.get("topologyKey"):
+            out.append(f"spec.topologySpreadConstraints[{i}].topologyKey is required")
+        if tsc.get("whenUnsatisfiable") not in ("DoNotSchedule", "ScheduleAnyway"):
+            out.append(f"spec.topologySpreadConstraints[{i}].whenUnsatisfiable must be "
+                       "DoNotSchedule or ScheduleAnyway")
+    if spec.priority_class_name and not DNS_SUBDOMAIN_RE.match(spec.priority_class_name):
+        out.append(f"spec.priorityClassName {spec.priority_class_name!r} is not a valid name")
     return out

@@ -112,6 +112,9 @@ class TransitionState(_Camel):
     predicted: dict[str, Any] = Field(default_factory=dict)
     generation: int = 0
     started_at: float = Field(alias="startedAt")
+    # With other replicas serving, an owner counts as unavailable (maxUnavailable) until
+    # kubelet has it Ready again, i.e. back in the Service's Endpoints.
+    await_endpoints: bool = Field(default=False, alias="awaitEndpoints")
     owners: list[OwnerProgress] = Field(default_factory=list)
     result: str = "running"
     reason: str = ""
@@ -251,10 +254,11 @@ def _verifying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now:
                             message=f"owner {p.pod} is {obs.state} after the transition"),
                         [Action.replace_owner])
     if obs.state == "ready":
-        if obs.identity_bundle == t.to:
+        if obs.identity_bundle != t.to:
+            return _fail(p, now, "IdentityMismatch",
+                         f"owner {p.pod} reports bundle {obs.identity_bundle}, expected {t.to}")
+        if obs.ready or not t.await_endpoints:
             return Decision(_to(p, Step.releasing), [Action.release_old_deliveries])
-        return _fail(p, now, "IdentityMismatch",
-                     f"owner {p.pod} reports bundle {obs.identity_bundle}, expected {t.to}")
     return Decision(p)
 
 

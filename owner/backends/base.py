@@ -1,16 +1,21 @@
 """The backend protocol every owner runtime speaks: load, describe, generate,
-apply_in_place, reload, close.
+apply_in_place, reload, close; and optionally ``generate_stream``.
 
 A backend holds one model revision on one card. It never takes locks itself: the owner
 runtime serializes inference and transitions around it. ``apply_in_place`` receives an
 already staged and admitted update (see :mod:`owner.inplace`); a backend that cannot
 update in place says so in ``describe()`` and is never asked.
+
+Streaming is optional: a backend that yields tokens as it produces them offers
+``generate_stream(prompt, max_tokens)``, an iterator of :class:`Piece`; :func:`stream` uses
+it when present and otherwise turns one ``generate`` into a single piece, so any backend
+can answer a streaming request (its client then sees the whole text at once).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 
 from .. import inplace
 from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
@@ -49,6 +54,16 @@ class Output:
     text: str
     first_token_seconds: float
     logits: list | None = None  # per generated token, for parity checks
+    prompt_tokens: int | None = None  # how many tokens the prompt was, when the backend says
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens generated since the last piece and the text they complete (a multi-byte
+    character split over tokens arrives with its last token)."""
+    tokens: list[int]
+    text: str
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,17 @@ class Backend(Protocol):
     def apply_in_place(self, update: StagedUpdate) -> ApplyReport: ...
     def reload(self, revision: Revision) -> LoadReport: ...
     def close(self) -> None: ...
+
+
+def stream(backend: Backend, prompt: str, max_tokens: int) -> Iterator[Piece]:
+    """The generation as pieces: the backend's own ``generate_stream`` when it has one, else
+    one piece holding the whole output of ``generate``."""
+    own = getattr(backend, "generate_stream", None)
+    if own is not None:
+        yield from own(prompt, max_tokens)
+        return
+    out = backend.generate(prompt, max_tokens)
+    yield Piece(list(out.tokens), out.text, out.prompt_tokens)
 
 
 def apply_and_advance(backend, store: inplace.RowStore, update: StagedUpdate, verify_chunks: bool) -> ApplyReport:

@@ -173,7 +173,7 @@ class TorchBackend:
                                       streamer=first, **pad)
         tokens = out[0, n:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return Output(tokens, text, (first.at or time.perf_counter()) - t0)
+        return Output(tokens, text, (first.at or time.perf_counter()) - t0, prompt_tokens=n)
 
     # -- in place ----------------------------------------------------------------
     def stage_in_place(self, revision: Revision) -> StagedUpdate:

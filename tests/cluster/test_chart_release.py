@@ -100,6 +100,32 @@ def test_lint_catches_a_broken_template(helm, tmp_path):
                                     for m in report["Messages"])
 
 
+CURRENT_KUBERNETES = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0"]
+
+
+def test_rendered_chart_is_valid_for_current_kubernetes(helm):
+    """Every object the chart renders (CRDs included) against the OpenAPI schemas of the
+    Kubernetes versions users run, strictly (an unknown field fails). The API server here
+    is 1.20; these schemas are what 1.29-1.34 would accept."""
+    import kubernetes_validate
+    import yaml
+
+    release = f"rv-{uuid.uuid4().hex[:6]}"
+    manifest = helm.install(release, {}, take_ownership=True)["manifest"]
+    try:
+        docs = [d for d in yaml.safe_load_all(manifest) if d]
+        assert {d["kind"] for d in docs} >= {"CustomResourceDefinition", "Deployment", "DaemonSet",
+                                             "ClusterRole", "CSIDriver"}
+        for version in CURRENT_KUBERNETES:
+            for doc in docs:
+                try:
+                    kubernetes_validate.validate(doc, version, strict=True)
+                except kubernetes_validate.ValidationError as e:
+                    pytest.fail(f"{doc['kind']} {doc['metadata']['name']} is invalid for {version}: {e}")
+    finally:
+        helm.uninstall(release)
+
+
 def test_install_upgrade_uninstall(cluster, namespace, helm):
     release = f"rs-{uuid.uuid4().hex[:6]}"
     full = f"{release}-resident"

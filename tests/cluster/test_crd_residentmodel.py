@@ -81,5 +81,5 @@ def test_kubectl_shows_printer_columns(cluster, namespace):
     _create(cluster, namespace, VALID)
     out = cluster.kubectl("get", "rm", "-n", namespace).stdout
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "BUNDLE", "READY", "AGE"]
+    assert header == ["NAME", "PHASE", "BUNDLE", "READY", "ENDPOINT", "AGE"]
     assert DIGEST in out

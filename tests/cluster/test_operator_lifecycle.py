@@ -37,7 +37,8 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
             assert c.resources.limits == {"furiosa.ai/rngd": "1"}
             assert c.resources.requests == {"furiosa.ai/rngd": "1"}
             assert c.image == "resident-owner:test"
-            assert c.readiness_probe.http_get.path == "/readyz" and c.readiness_probe.http_get.port == 9100
+            assert c.readiness_probe.http_get.path == "/readyz" and c.readiness_probe.http_get.port == "control"
+            assert {p.name: p.container_port for p in c.ports} == {"control": 9100, "http": 8000}
             csi = next(v.csi for v in pod.spec.volumes if v.csi)
             assert csi.driver == "bundles.resident.dev" and csi.read_only is True
             assert csi.volume_attributes == {"digest": DIGEST, "source": SPEC["bundle"]["source"],
@@ -54,19 +55,31 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         def recorded():
             m = api.model("npu-lm")
             kids = {(c["kind"], c["name"]): c["uid"] for c in (m.get("status") or {}).get("children") or []}
-            return len(kids) == 3 and m
-        m = wait_for(recorded, what="three recorded children")
+            return len(kids) == 5 and m
+        m = wait_for(recorded, what="five recorded children")
         kids = {(c["kind"], c["name"]): c["uid"] for c in m["status"]["children"]}
         assert kids[("Pod", "npu-lm-owner-0")] == pods[0].metadata.uid
         assert kids[("Secret", "npu-lm-owner-token")] == secret.metadata.uid
+        svc = api.core.read_namespaced_service("npu-lm", namespace)
+        assert kids[("Service", "npu-lm")] == svc.metadata.uid
+        assert svc.spec.selector == {"resident.dev/model-uid": uid, "resident.dev/component": "owner"}
+        port, = svc.spec.ports
+        assert (port.name, port.port, port.target_port) == ("http", 8000, "http")
+        assert svc.metadata.owner_references[0].uid == uid
+        pdb = api.custom.get_namespaced_custom_object("policy", "v1beta1", namespace,
+                                                      "poddisruptionbudgets", "npu-lm")
+        assert kids[("PodDisruptionBudget", "npu-lm")] == pdb["metadata"]["uid"]
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": svc.spec.selector}}
         m = wait_for(lambda: (api.model("npu-lm").get("status") or {}).get("ready") == "0/2"
                      and api.model("npu-lm"), what="status.ready 0/2")
         assert m["status"]["phase"] == "Pending" and m["status"]["observedGeneration"] == 1
         assert "resident.dev/cleanup" in m["metadata"]["finalizers"]
         assert condition(m, "Ready")["status"] == "False" and condition(m, "Degraded")["status"] == "False"
+        assert m["status"]["endpoint"] == f"http://npu-lm.{namespace}.svc:8000"
         table = cluster.kubectl("get", "rm", "-n", namespace).stdout
-        assert table.split("\n")[0].split() == ["NAME", "PHASE", "BUNDLE", "READY", "AGE"]
+        assert table.split("\n")[0].split() == ["NAME", "PHASE", "BUNDLE", "READY", "ENDPOINT", "AGE"]
         assert "npu-lm" in table and DIGEST in table and "0/2" in table
+        assert f"http://npu-lm.{namespace}.svc:8000" in table
 
         api.patch_spec("npu-lm", {"replicas": 1})
         wait_for(lambda: [p.metadata.name for p in owner_pods(api, "npu-lm")] == ["npu-lm-owner-0"],
@@ -82,6 +95,71 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
             raise AssertionError("the token Secret survived its model")
         except ApiException as e:
             assert e.status == 404
+        assert api.core.list_namespaced_service(namespace).items == []
+        assert api.custom.list_namespaced_custom_object("policy", "v1beta1", namespace,
+                                                        "poddisruptionbudgets")["items"] == []
+
+
+def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(cluster, namespace):
+    api = Api(cluster, namespace)
+
+    def budget():
+        listed = api.custom.list_namespaced_custom_object("policy", "v1beta1", namespace,
+                                                          "poddisruptionbudgets")["items"]
+        return listed[0] if listed else {"spec": {}}
+    with running_operator(namespace):
+        api.create_model("tiny", SPEC)
+        svc = wait_for(lambda: api.core.list_namespaced_service(namespace).items, what="Service")[0]
+        api.patch_spec("tiny", {"transition": {"maxUnavailable": 2}})
+        wait_for(lambda: budget()["spec"].get("maxUnavailable") == 2, what="the budget follows maxUnavailable")
+        api.patch_spec("tiny", {"serving": {"port": 8443}})
+        wait_for(lambda: api.core.read_namespaced_service("tiny", namespace).spec.ports[0].port == 8443
+                 and api.model("tiny")["status"].get("endpoint") == f"http://tiny.{namespace}.svc:8443",
+                 what="Service port and endpoint follow spec.serving.port")
+        assert len(api.core.read_namespaced_service("tiny", namespace).spec.ports) == 1
+        api.core.delete_namespaced_service("tiny", namespace, _preload_content=False)
+        again = wait_for(lambda: [x for x in api.core.list_namespaced_service(namespace).items
+                                  if x.metadata.uid != svc.metadata.uid and not x.metadata.deletion_timestamp],
+                         what="the Service re-created")[0]
+        wait_for(lambda: again.metadata.uid in {c["uid"] for c in api.model("tiny")["status"]["children"]},
+                 what="the new Service recorded")
+        assert svc.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
+
+
+def test_kubectl_scale_changes_the_owners_and_the_scale_subresource_counts_them(cluster, namespace):
+    api = Api(cluster, namespace)
+    with running_operator(namespace):
+        model = api.create_model("tiny", SPEC)
+        wait_for(lambda: len(owner_pods(api, "tiny")) == 1, what="one owner Pod")
+        cluster.kubectl("scale", "rm", "tiny", "--replicas=3", "-n", namespace)
+        wait_for(lambda: len(owner_pods(api, "tiny")) == 3, what="three owner Pods after kubectl scale")
+
+        def scale():
+            return api.custom.get_namespaced_custom_object_scale(
+                "resident.dev", "v1alpha1", namespace, "residentmodels", "tiny")
+        got = wait_for(lambda: (scale().get("status") or {}).get("replicas") == 3 and scale(),
+                       what="scale status 3")
+        assert got["spec"]["replicas"] == 3
+        selector = got["status"]["selector"]
+        assert selector == f"resident.dev/model-uid={model['metadata']['uid']},resident.dev/component=owner"
+        assert len(api.pods(selector)) == 3
+
+
+def test_scheduling_controls_are_accepted_by_the_api_server_on_owner_pods(cluster, namespace):
+    api = Api(cluster, namespace)
+    spec = dict(SPEC, affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "resident.dev/pool", "operator": "In", "values": ["npu"]}]}]}}},
+        topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                    "whenUnsatisfiable": "ScheduleAnyway"}])
+    with running_operator(namespace):
+        api.create_model("tiny", spec)
+        pod = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
+        terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        assert terms.node_selector_terms[0].match_expressions[0].values == ["npu"]
+        tsc, = pod.spec.topology_spread_constraints
+        assert tsc.topology_key == "kubernetes.io/hostname" and tsc.label_selector.match_labels[
+            "resident.dev/component"] == "owner"
 
 
 def test_invalid_spec_gets_a_condition_and_no_children(cluster, namespace):
@@ -113,7 +191,8 @@ def test_same_named_pod_of_someone_else_is_never_deleted(cluster, namespace):
         api.create_model("tiny", SPEC)
         first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
         assert first.metadata.name == "tiny-owner-0"
-        wait_for(lambda: len((api.model("tiny").get("status") or {}).get("children") or []) == 2,
+        wait_for(lambda: any(c["kind"] == "Pod" and c["uid"] == first.metadata.uid
+                             for c in (api.model("tiny").get("status") or {}).get("children") or []),
                  what="the Pod recorded")
     # while the operator is down, someone deletes the owner Pod and creates their own Pod
     # under the same name (the operator's record still names the old UID)
@@ -138,7 +217,8 @@ def test_deleting_a_model_spares_a_same_named_successor_of_its_pod(cluster, name
     with running_operator(namespace):
         api.create_model("tiny", SPEC)
         first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
-        wait_for(lambda: len((api.model("tiny").get("status") or {}).get("children") or []) == 2,
+        wait_for(lambda: any(c["kind"] == "Pod" and c["uid"] == first.metadata.uid
+                             for c in (api.model("tiny").get("status") or {}).get("children") or []),
                  what="the Pod recorded")
     # operator down: the Pod is swapped for someone else's, then the model is deleted
     api.core.delete_namespaced_pod("tiny-owner-0", namespace)

@@ -1,5 +1,6 @@
 """Acceptance: ``resident owner`` serves a generated demo bundle and answers /v1/generate
-on 127.0.0.1; a start failure exits non-zero with the cause."""
+on its control port and /v1/completions on its inference port, on 127.0.0.1; a start
+failure exits non-zero with the cause."""
 
 import json
 import os
@@ -20,6 +21,7 @@ RESIDENT = [sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_c
 
 
 def start(args, cwd):
+    args = [*args, "--inference-port", "0"] if "--inference-port" not in args else args
     return subprocess.Popen(RESIDENT + ["owner", *args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -34,7 +36,7 @@ def stop(proc):
             proc.wait(5)
 
 
-def port_from_logs(proc, deadline):
+def ports_from_logs(proc, deadline):
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         if not line:
@@ -44,7 +46,7 @@ def port_from_logs(proc, deadline):
         except ValueError:
             continue
         if doc.get("msg") == "owner listening":
-            return doc["port"]
+            return doc["port"], doc["inference_port"]
     raise AssertionError("the owner never logged its port")
 
 
@@ -53,15 +55,16 @@ def volume(tmp_path):
     make_demo(tmp_path / "demo", 256 * 1024, seed=1)
     digest = stage_revision(tmp_path / "vol", tmp_path / "demo", make_current=True)
     (tmp_path / "token").write_text("s3cret\n")
+    (tmp_path / "key").write_text("app-key\n")
     return tmp_path, digest
 
 
 def test_resident_owner_serves_a_demo_bundle(volume):
     tmp, digest = volume
     proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"),
-                  "--port", "0", "--warmup"], tmp)
+                  "--port", "0", "--warmup", "--model-name", "demo", "--api-key-file", str(tmp / "key")], tmp)
     try:
-        port = port_from_logs(proc, time.monotonic() + 30)
+        port, inference_port = ports_from_logs(proc, time.monotonic() + 30)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while requests.get(url + "/readyz", timeout=5).status_code != 200:
@@ -73,6 +76,14 @@ def test_resident_owner_serves_a_demo_bundle(volume):
         body = r.json()
         assert len(body["tokens"]) == 4 and body["identity"]["bundle"] == digest
         assert body["firstTokenSeconds"] > 0
+        r = requests.post(f"http://127.0.0.1:{inference_port}/v1/completions", timeout=10,
+                          json={"model": "demo", "prompt": "hello", "max_tokens": 4},
+                          headers={"Authorization": "Bearer app-key"})
+        assert r.status_code == 200 and r.json()["model"] == "demo"
+        assert r.headers["Resident-Revision"] == r.json()["system_fingerprint"] == digest
+        r = requests.post(f"http://127.0.0.1:{inference_port}/v1/completions", timeout=10,
+                          json={"model": "demo", "prompt": "hello"})
+        assert r.status_code == 401
     finally:
         stop(proc)
     assert proc.returncode == 0
@@ -113,3 +124,4 @@ def test_help_explains_the_command():
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0
     assert "--bundle-dir" in out.stdout and "--token-file" in out.stdout and "current ->" in out.stdout
+    assert "--inference-port" in out.stdout and "inference port is open" in out.stdout

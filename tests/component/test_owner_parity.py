@@ -91,9 +91,26 @@ def test_reload_matches_fresh_load_and_reuses_graph_only_when_unchanged(volume, 
     arena = live.weights["lm_head.weight"]
     report = live.reload(open_revision(vol, digests[name]))
     assert report.graph_reused is reused
-    # a kept graph keeps its weight buffers: the new weights are widened into the same memory
-    assert np.shares_memory(live.weights["lm_head.weight"], arena) is reused
+    # a kept graph keeps its weight buffers (the new weights are widened into the same
+    # memory); a new graph over the same weights is bound to the buffers already filled
+    assert np.shares_memory(live.weights["lm_head.weight"], arena)
     assert outputs(live) == outputs(fresh(vol, digests[name]))
+
+
+def test_graph_only_reload_reads_no_weights_file(tmp_path):
+    vol, digests = build(tmp_path, 64 * 1024)
+    graph = open_revision(vol, digests["graph"])
+    assert graph.manifest.weights_digest == open_revision(vol, digests["base"]).manifest.weights_digest
+    expected = outputs(fresh(vol, digests["graph"]))
+    weights = graph.dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    os.unlink(weights)        # break the volume's hardlink, then spoil the file on disk
+    data[5 * 64 * 1024] ^= 0x01
+    weights.write_bytes(bytes(data))
+    live = fresh(vol, digests["base"])
+    report = live.reload(graph)   # would raise IntegrityError if it read the spoiled file
+    assert report.graph_reused is False and live.revision.digest == digests["graph"]
+    assert outputs(live) == expected
 
 
 def test_reload_names_the_corrupt_chunk_and_serves_nothing(tmp_path):
@@ -178,9 +195,9 @@ def test_reload_closes_the_old_runtime_before_creating_the_new(volume):
             events.append(("close", self.revision.digest if self.revision else None))
             super().close()
 
-        def _load(self, rev, keep):
+        def _load(self, rev, keep, filled=None):
             events.append(("load", rev.digest, self.weights == {}))
-            return super()._load(rev, keep)
+            return super()._load(rev, keep, filled)
 
     live = RecordingCpuBackend()
     live.load(open_revision(vol, digests["base"]))

@@ -20,7 +20,7 @@ from bundle.scan import build_manifest, read_manifest  # noqa: E402
 from owner.local_volume import stage_revision  # noqa: E402
 
 from hf_checkpoints import PROMPT, transformers_greedy  # noqa: E402
-from test_owner_cli import REPO, RESIDENT, port_from_logs, start, stop  # noqa: E402
+from test_owner_cli import REPO, RESIDENT, ports_from_logs, start, stop  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,8 @@ def test_resident_owner_serves_an_hf_checkpoint_with_the_torch_backend(demo, tmp
     proc = start(["--backend", "torch", "--device", "cpu", "--bundle-dir", str(tmp_path / "vol"),
                   "--token-file", str(tmp_path / "token"), "--port", "0", "--warmup"], tmp_path)
     try:
-        url = f"http://127.0.0.1:{port_from_logs(proc, time.monotonic() + 120)}"
+        port, inference_port = ports_from_logs(proc, time.monotonic() + 120)
+        url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while requests.get(url + "/readyz", timeout=5).status_code != 200:
             assert proc.poll() is None and time.monotonic() < deadline, "the owner never became ready"
@@ -79,7 +80,12 @@ def test_resident_owner_serves_an_hf_checkpoint_with_the_torch_backend(demo, tmp
         assert ident["residency"]["bytesResident"] > 0
         out = requests.post(url + "/v1/generate", json={"prompt": PROMPT, "maxTokens": 12},
                             headers=auth, timeout=60).json()
-        assert out["tokens"] == transformers_greedy(demo / "base")
+        reference = transformers_greedy(demo / "base")
+        assert out["tokens"] == reference
+        completion = requests.post(f"http://127.0.0.1:{inference_port}/v1/completions", timeout=60,
+                                   json={"model": "model", "prompt": PROMPT, "max_tokens": 12}).json()
+        assert completion["choices"][0]["text"] == out["text"]
+        assert completion["usage"]["completion_tokens"] == len(reference)
     finally:
         stop(proc)
 

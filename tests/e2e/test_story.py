@@ -12,62 +12,12 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 from kubernetes import client
 
-from bundle.demo import make_revision
 from bundle.scan import read_manifest
-from localcluster.install import install
-from localcluster.node import LocalCluster
-from localcluster.scenario import (CHUNK, BundleServer, Story, make_bundles, model_body, node_state,
-                                  whole_bundle_reload)
+from localcluster.scenario import Story, model_body, node_state, whole_bundle_reload
 
-SIZE = 16 * 2**20
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    work = tmp_path_factory.mktemp("story")
-    revs, dirs = make_bundles(work, SIZE)
-    with LocalCluster() as cluster, BundleServer(work / "served", work / "logs") as server:
-        for d in dirs.values():
-            server.push(d)
-        installation = install(cluster)
-        yield cluster, server, revs, installation, dirs
-
-
-@pytest.fixture(scope="module")
-def slow_url(world, tmp_path_factory):
-    """The same bundles from a source that sends 256 KiB/s, so that a transition to a revision
-    the node does not hold yet lasts long enough for a fault test to interrupt it (the
-    operator itself takes well under 1 s)."""
-    server = world[1]
-    with BundleServer(server.root, tmp_path_factory.mktemp("slow-logs"), rate=256 << 10) as slow:
-        yield slow.url
-
-
-def _fresh_revision(world, base: str, kind: str, seed: int) -> str:
-    """A new revision of ``kind`` derived from revision ``base``, pushed: not on the node yet."""
-    server, dirs = world[1], world[4]
-    target = dirs[base].parent / f"fresh-{seed}"
-    digest = make_revision(dirs[base], target, kind, fraction=0.005, seed=seed, chunk_size=CHUNK).digest
-    server.push(target)
-    return digest
-
-
-def _story(world, namespace: str, name: str = "story") -> Story:
-    cluster, installation = world[0], world[3]
-    cluster.kubectl("create", "namespace", namespace)
-    cluster.wait_for_service_account(namespace)
-    return Story(cluster, namespace, name, installation.bridge_root)
-
-
-def _ready(world, namespace: str, digest: str) -> Story:
-    """A model applied in a fresh namespace and Ready on ``digest``."""
-    story = _story(world, namespace)
-    story.apply(model_body(story.name, world[1].url, digest))
-    story.wait_ready(digest)
-    return story
+SIZE = 16 * 2**20   # the demo bundles' size (conftest.py)
 
 
 def _owner_pod(story: Story) -> client.V1Pod:
@@ -78,7 +28,7 @@ def _owner_pod(story: Story) -> client.V1Pod:
 
 def test_model_is_served_transitions_and_is_cleaned_up(world):
     cluster, server, revs, _, dirs = world
-    story = _story(world, "e2e-story")
+    story = world.story("e2e-story")
     story.apply(model_body(story.name, server.url, revs.a))
     rm = story.wait_ready(revs.a)
     assert rm["status"]["ready"] == "1/1"
@@ -149,7 +99,7 @@ def _assert_steps_follow_at_once(last: dict) -> None:
 
 def test_status_follows_an_owner_pod_deletion_and_reads_0_of_0_at_zero_replicas(world):
     cluster, server, revs, _, _ = world
-    story = _ready(world, "e2e-status", revs.a)
+    story = world.ready("e2e-status", revs.a)
     pod = _owner_pod(story)
     t0 = time.monotonic()
     story.core.delete_namespaced_pod(pod.metadata.name, story.namespace)
@@ -177,7 +127,8 @@ def _assert_nothing_left(story: Story, timeout: float = 60.0) -> None:
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert left == {"pods": [], "bundleDeliveries": [], "leases": [], "publications": [], "csiMounts": []}
+    assert left == {"pods": [], "bundleDeliveries": [], "services": [], "leases": [], "publications": [],
+                    "csiMounts": []}
 
 
 def _wait_transition_started(story: Story, timeout: float = 60.0) -> None:
@@ -186,9 +137,9 @@ def _wait_transition_started(story: Story, timeout: float = 60.0) -> None:
 
 def test_operator_restarted_mid_transition_resumes_without_duplicates(world, slow_url):
     cluster, server, revs, installation, _ = world
-    story = _ready(world, "e2e-restart", revs.b)
+    story = world.ready("e2e-restart", revs.b)
     owner_uid = _owner_pod(story).metadata.uid
-    fresh = _fresh_revision(world, "b", "rows", seed=41)
+    fresh = world.fresh_revision("b", "rows", seed=41)
     story.patch_spec({"bundle": {"source": slow_url, "digest": fresh}})
     _wait_transition_started(story)
     operators = story.core.list_namespaced_pod(installation.namespace,
@@ -207,8 +158,8 @@ def test_operator_restarted_mid_transition_resumes_without_duplicates(world, slo
 
 def test_model_deleted_while_transitioning_is_cleaned_up(world, slow_url):
     cluster, server, revs, _, _ = world
-    story = _ready(world, "e2e-delete", revs.c)
-    story.patch_spec(whole_bundle_reload(slow_url, _fresh_revision(world, "c", "rows", seed=42)))
+    story = world.ready("e2e-delete", revs.c)
+    story.patch_spec(whole_bundle_reload(slow_url, world.fresh_revision("c", "rows", seed=42)))
     _wait_transition_started(story)
     story.delete_and_wait_gone()
     _assert_nothing_left(story)
@@ -242,8 +193,8 @@ def _settled(rm: dict) -> bool:
 
 def test_owner_killed_mid_in_place_transition_ends_on_one_identity(world, slow_url):
     cluster, server, revs, _, _ = world
-    story = _ready(world, "e2e-owner-kill", revs.b)
-    fresh = _fresh_revision(world, "b", "rows", seed=43)
+    story = world.ready("e2e-owner-kill", revs.b)
+    fresh = world.fresh_revision("b", "rows", seed=43)
     story.patch_spec({"bundle": {"source": slow_url, "digest": fresh}})
     _wait_transition_started(story)
     pids = _owner_pids()
@@ -262,7 +213,7 @@ def test_owner_killed_mid_in_place_transition_ends_on_one_identity(world, slow_u
 
 def test_bridge_pod_deleted_mid_stage_keeps_leases_and_mounts(world):
     cluster, server, revs, installation, _ = world
-    story = _ready(world, "e2e-bridge-kill", revs.c)
+    story = world.ready("e2e-bridge-kill", revs.c)
     story.patch_spec(whole_bundle_reload(server.url, revs.d))
     _wait_until("a BundleDelivery exists", lambda: story.custom.list_namespaced_custom_object(
         "resident.dev", "v1alpha1", story.namespace, "bundledeliveries")["items"])
@@ -284,7 +235,7 @@ def test_bridge_pod_deleted_mid_stage_keeps_leases_and_mounts(world):
 
 def test_bridge_pod_deleted_mid_publish_the_owner_still_starts(world):
     cluster, server, revs, installation, _ = world
-    story = _story(world, "e2e-bridge-publish")
+    story = world.story("e2e-bridge-publish")
     story.apply(model_body(story.name, server.url, revs.a))
     _wait_until("an owner Pod exists", lambda: story.core.list_namespaced_pod(
         story.namespace, label_selector=f"resident.dev/model={story.name}").items)

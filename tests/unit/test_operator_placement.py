@@ -53,10 +53,14 @@ def test_pod_carries_the_csi_volume_token_probe_and_labels():
     c = pod["spec"]["containers"][0]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["bundle"] == {"name": "bundle", "mountPath": "/bundle", "readOnly": True}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9000}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "control"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"control": 9000, "http": 8000}
     assert c["image"] == "resident:dev"
     assert c["command"][:2] == ["resident", "owner"] and "--warmup" in c["command"]
     assert c["command"][c["command"].index("--port") + 1] == "9000"
+    assert c["command"][c["command"].index("--inference-port") + 1] == "8000"
+    assert c["command"][c["command"].index("--model-name") + 1] == "tiny"
+    assert "--api-key-file" not in c["command"] and "api-key" not in vols
     assert pod["spec"]["nodeSelector"] == {"zone": "a"}
     assert pod["spec"]["tolerations"] == [{"key": "npu", "operator": "Exists", "value": "",
                                            "effect": "NoSchedule"}]
@@ -72,6 +76,46 @@ def test_host_network_and_image_override_come_from_settings_and_spec():
                           0, 0, A, "file:///m")
     assert pod["spec"]["hostNetwork"] is True
     assert pod["spec"]["containers"][0]["image"] == "custom:2"
+
+
+def test_host_network_gives_slot_k_the_ports_base_plus_k():
+    s = spec(replicas=3, runtime={"port": 9000}, serving={"port": 7000})
+    host = OperatorSettings(owner_image="x", owner_host_network=True)
+    for slot in range(3):
+        c = build_owner_pod("tiny", "u", s, host, slot, 0, A, "file:///m")["spec"]["containers"][0]
+        assert {p["name"]: p["containerPort"] for p in c["ports"]} == \
+            {"control": 9000 + slot, "http": 7000 + slot}
+        assert c["command"][c["command"].index("--port") + 1] == str(9000 + slot)
+    # in its own network namespace every owner keeps the bases
+    c = pod_for(s, slot=2)["spec"]["containers"][0]
+    assert {p["containerPort"] for p in c["ports"]} == {9000, 7000}
+
+
+def test_api_key_secret_is_mounted_and_passed_to_the_owner():
+    s = spec(serving={"apiKeySecret": "tiny-keys"})
+    pod = pod_for(s)
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["api-key"]["secret"]["secretName"] == "tiny-keys"
+    assert vols["api-key"]["secret"]["items"] == [{"key": "api-key", "path": "api-key"}]
+    c = pod["spec"]["containers"][0]
+    path = c["command"][c["command"].index("--api-key-file") + 1]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "api-key")
+    assert path == mount["mountPath"] + "/api-key" and mount["readOnly"] is True
+
+
+def test_scheduling_controls_reach_the_owner_pod():
+    affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                           "labelSelector": {"matchLabels": {"app": "x"}}}}]}}
+    s = spec(affinity=affinity, priorityClassName="models-high", topologySpreadConstraints=[
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}])
+    pod_spec = pod_for(s)["spec"]
+    assert pod_spec["affinity"] == affinity and pod_spec["priorityClassName"] == "models-high"
+    tsc, = pod_spec["topologySpreadConstraints"]
+    # without a selector of its own, a constraint spreads this model's owners
+    assert tsc["labelSelector"] == {"matchLabels": {naming.LABEL_MODEL_UID: "model-uid-1",
+                                                    naming.LABEL_COMPONENT: "owner"}}
+    assert "affinity" not in pod_for(spec())["spec"]
 
 
 def test_adopt_adds_the_controller_owner_reference():

@@ -18,6 +18,7 @@ def raw(**over):
 def test_defaults_match_the_crd():
     s = parse_spec(raw())
     assert (s.accelerator, s.replicas, s.runtime.backend, s.runtime.port) == ("cpu", 1, "cpu", 8080)
+    assert (s.serving.port, s.serving.api_key_secret) == (8000, None)
     assert (s.delivery.mode, s.delivery.rebase, s.delivery.min_reuse) == ("Auto", "Auto", 0.5)
     assert (s.transition.strategy, s.transition.max_unavailable, s.transition.timeout_seconds) \
         == ("Auto", 1, 600)
@@ -48,12 +49,29 @@ def test_camel_case_fields_are_read():
     ({"nodeSelector": {"zone": "not valid!"}}, "not a valid label value"),
     ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "must not have a value"),
     ({"tolerations": [{"key": "k", "tolerationSeconds": 5, "effect": "NoSchedule"}]}, "needs effect NoExecute"),
+    ({"affinity": {"nodeAffinity": {}, "weird": {}}}, "spec.affinity: only nodeAffinity"),
+    ({"topologySpreadConstraints": [{"maxSkew": 0, "topologyKey": "zone",
+                                     "whenUnsatisfiable": "DoNotSchedule"}]}, "maxSkew must be"),
+    ({"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "Maybe"}]}, "topologyKey is required"),
+    ({"priorityClassName": "Not Valid"}, "spec.priorityClassName"),
+    ({"serving": {"port": 8080}}, "spec.runtime.port 8080 and spec.serving.port 8080 overlap"),
+    ({"serving": {"apiKeySecret": "Not_A_Name"}}, "is not a valid Secret name"),
 ])
 def test_semantic_problems_are_named(over, needle):
     problems = spec_problems(parse_spec(raw(**over)), WITH_IMAGE)
     assert any(needle in p for p in problems), problems
     with pytest.raises(SpecError, match="spec"):
         check_spec(raw(**over), WITH_IMAGE)
+
+
+def test_slot_port_ranges_must_not_overlap_on_host_networking():
+    s = parse_spec(raw(replicas=3, runtime={"port": 8080}, serving={"port": 8082}))
+    assert spec_problems(s, WITH_IMAGE) == []      # own network namespaces: bases only
+    host = OperatorSettings(owner_image="x", owner_host_network=True)
+    assert any("overlap for 3 replicas on host networking" in p for p in spec_problems(s, host))
+    assert spec_problems(parse_spec(raw(replicas=2, serving={"port": 8082})), host) == []
+    assert any("above 65535" in p for p in spec_problems(
+        parse_spec(raw(replicas=4, runtime={"port": 65534}, serving={"port": 8000})), host))
 
 
 def test_vendor_backend_on_its_card_is_valid():

@@ -102,6 +102,17 @@ def test_identity_mismatch_fails():
     assert d.progress.step == Step.failed and d.progress.reason == "IdentityMismatch"
 
 
+def test_with_other_replicas_serving_an_owner_is_done_only_back_in_the_endpoints():
+    t = state(2).model_copy(update={"await_endpoints": True})
+    p = t.owners[0].model_copy(update={"step": Step.verifying, "started_at": 100.0})
+    assert step(t, p, healthy(identity_bundle=B, ready=False)).progress.step == Step.verifying
+    assert step(t, p, healthy(identity_bundle=B, ready=True)).progress.step == Step.releasing
+    # one replica: nowhere else to send traffic, so the owner's own answer is enough
+    alone = state(1)
+    p = alone.owners[0].model_copy(update={"step": Step.verifying, "started_at": 100.0})
+    assert step(alone, p, healthy(identity_bundle=B, ready=False)).progress.step == Step.releasing
+
+
 def test_timeout_fails_any_active_step():
     t = state()
     p = t.owners[0].model_copy(update={"step": Step.delivering, "delivery": "bd", "started_at": 100.0})

@@ -1,0 +1,174 @@
+"""Application traffic through a model's Service while its revision switches.
+
+Resident is installed with its chart on the local node (kubelet, containerd, owners in
+containers, cpu backend). Two ResidentModels serve side by side: ``solo`` (1 replica) and
+``pair`` (2 replicas, maxUnavailable 1). During every sample a closed loop of 4 clients
+calls the model through its Service's Endpoints, as kube-proxy would route
+(``localcluster.traffic``). Arms (n rounds, order alternating each round), each a switch to a
+fresh revision with 0.5% of rows changed:
+
+- ``in_place``:  ``solo``, strategy InPlace;
+- ``reload_pair``: ``pair``, strategy Reload (owners drain and leave the Endpoints one at a time);
+- ``reload_solo``: ``solo``, strategy Reload (nowhere to drain to: 503 + Retry-After in the gap).
+
+Per sample: requests and failed requests in the switch window (from the spec patch until
+every owner is Ready on the new revision), p99 latency in the window and in the steady
+3 s before it, the length of the 503 window (first to last 503) and the owners' own reload
+time (``lastTransition.durations.ownerSeconds``), and whether each answer's revision is
+one of the two. ``python run.py [--rounds N] [--size-mib M]``; results in ``<size>mib/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent.parent))
+
+import benchkit  # noqa: E402
+
+ARMS = {"in_place": ("solo", "InPlace"), "reload_pair": ("pair", "Reload"),
+        "reload_solo": ("solo", "Reload")}
+MODELS = {"solo": (1, 8080, 8000), "pair": (2, 8180, 8100)}   # replicas, control, http base
+STEADY_SECONDS = 3.0
+
+
+def p99(latencies: list[float]) -> float:
+    values = sorted(latencies)
+    return values[min(len(values) - 1, round(0.99 * (len(values) - 1)))] if values else 0.0
+
+
+def recompute(raw: dict) -> dict:
+    out: dict = {"arms": {}, "ratios": {}}
+    for arm in ARMS:
+        samples = [s for s in raw["samples"] if s["arm"] == arm]
+        out["arms"][arm] = {
+            "failed_total": sum(s["failed"] for s in samples),
+            "requests_total": sum(s["requests"] for s in samples),
+            "mixed_total": sum(s["foreign_revision"] for s in samples),
+            **{key: benchkit.stats([s[key] for s in samples])
+               for key in ("window_p99_over_steady_p99", "window_seconds", "unavailable_seconds",
+                           "owner_seconds")}}
+    arms = out["arms"]
+    out["ratios"]["in_place_window_p99_over_steady_p99"] = \
+        arms["in_place"]["window_p99_over_steady_p99"]["median"]
+    out["ratios"]["reload_solo_503_window_over_owner_reload"] = (
+        arms["reload_solo"]["unavailable_seconds"]["median"] / arms["reload_solo"]["owner_seconds"]["median"])
+    return out
+
+
+def wait_until(what: str, probe, timeout: float = 300.0, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(every)
+    raise TimeoutError(f"not {what} after {timeout:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--size-mib", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=None, help="default: <size>mib/ next to this script")
+    args = ap.parse_args(argv)
+    out = args.out or HERE / f"{args.size_mib}mib"
+
+    from bundle.demo import make_revision
+    from localcluster.install import install
+    from localcluster.node import LocalCluster
+    from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
+    from localcluster.traffic import ClosedLoop, EndpointsFollower
+
+    work = Path(tempfile.mkdtemp(prefix="resident-exp11-"))
+    before = benchkit.machine()
+    revs, dirs = make_bundles(work, args.size_mib * 2**20)
+    for k in "bcd":
+        shutil.rmtree(dirs[k])
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(LocalCluster())
+        server = stack.enter_context(BundleServer(work / "served", work / "logs"))
+        server.push(dirs["a"])
+        installation = install(cluster)
+        cluster.kubectl("create", "namespace", "bench")
+        cluster.wait_for_service_account("bench")
+        stories, loads = {}, {}
+        for name, (replicas, control, http) in MODELS.items():
+            body = model_body(name, server.url, revs.a, port=control)
+            body["spec"].update(replicas=replicas, serving={"port": http})
+            story = stories[name] = Story(cluster, "bench", name, installation.bridge_root)
+            story.apply(body)
+        for name, story in stories.items():
+            story.wait_ready(revs.a)
+            follower = stack.enter_context(EndpointsFollower(story.core, "bench", name))
+            wait_until(f"{name} in its Endpoints",
+                       lambda f=follower, n=name: len(f.addresses) == MODELS[n][0])
+            loads[name] = stack.enter_context(ClosedLoop(follower.pick, name))
+        live = {"dir": dirs["a"], "n": 0, "digest": revs.a}
+
+        def arm(name: str):
+            model, strategy = ARMS[name]
+
+            def once() -> dict:
+                live["n"] += 1
+                target = work / f"t{live['n']}"
+                digest = make_revision(live["dir"], target, "rows", fraction=0.005, seed=100 + live["n"],
+                                       chunk_size=CHUNK).digest
+                server.push(target)
+                story, load = stories[model], loads[model]
+                old = story.get()["status"]["identity"]["bundle"]
+                time.sleep(STEADY_SECONDS)
+                t0 = time.monotonic()
+                story.patch_spec({"bundle": {"source": server.url, "digest": digest},
+                                  "transition": {"strategy": strategy}})
+                rm = story.wait_ready(digest)
+                wait_until("every owner Ready", lambda: story.get()["status"]["ready"]
+                           == f"{MODELS[model][0]}/{MODELS[model][0]}")
+                t1 = time.monotonic()
+                time.sleep(0.5)   # let requests in flight at t1 finish
+                window, steady = load.between(t0, t1), load.between(t0 - STEADY_SECONDS, t0)
+                unavailable = [a for a in window if a.status == 503]
+                last = rm["status"]["lastTransition"]
+                return {
+                    "model": model, "strategy": last["strategy"], "result": last["result"],
+                    "requests": len(window), "failed": sum(1 for a in window if not a.ok),
+                    "errors": sorted({f"{a.status} {a.error[:80]}" for a in window if not a.ok})[:5],
+                    "retry_after_on_every_503": all(a.retry_after for a in unavailable),
+                    "foreign_revision": sum(1 for a in window if a.ok and a.revision not in (old, digest)),
+                    "window_seconds": round(t1 - t0, 4),
+                    "window_p99_seconds": round(p99([a.end - a.start for a in window if a.ok]), 4),
+                    "steady_p99_seconds": round(p99([a.end - a.start for a in steady if a.ok]), 4),
+                    "window_p99_over_steady_p99": round(
+                        p99([a.end - a.start for a in window if a.ok])
+                        / max(p99([a.end - a.start for a in steady if a.ok]), 1e-6), 4),
+                    "unavailable_seconds": round(max((a.end for a in unavailable), default=0.0)
+                                                 - min((a.start for a in unavailable), default=0.0), 4),
+                    "owner_seconds": last["durations"]["ownerSeconds"],
+                }
+            return once
+
+        samples = benchkit.run_rounds(args.rounds, {name: arm(name) for name in ARMS})
+    shutil.rmtree(work, ignore_errors=True)
+    raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "clients": 4,
+                      "models": MODELS, "arms": ARMS, "steady_seconds": STEADY_SECONDS},
+           **benchkit.provenance(before, benchkit.machine()), "samples": samples}
+    summary = recompute(raw)
+    out.mkdir(parents=True, exist_ok=True)
+    benchkit.write(out, raw, summary)
+    for arm_name, figures in summary["arms"].items():
+        print(f"{arm_name:<12} failed {figures['failed_total']}/{figures['requests_total']}")
+    for name, value in summary["ratios"].items():
+        print(f"{name:<45} {value:6.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

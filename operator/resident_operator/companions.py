@@ -1,0 +1,45 @@
+"""Companions: the children a model has exactly one of, kept in line with its spec.
+
+The Service in front of the owners (``serving.py``) and the PodDisruptionBudget over them
+(``disruption.py``). Each pass reads the companion by name and creates it (recorded by
+UID) when it is missing, adopts it after a crash when it is labelled for and owned by this
+model, forgets records of earlier ones (someone deleted them), and patches the spec
+fields the model decides when they drifted. A name held by an object that is not this
+model's is left alone, with a Warning Event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import children as ch
+from .context import ModelContext
+from .model_state import ModelState
+from .owners import adoptable, create_child
+
+
+def ensure_companion(ctx: ModelContext, state: ModelState, wanted: dict[str, Any],
+                     spec_keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """The model's ``wanted`` companion as it now exists, or None while its name is taken."""
+    kind, name = wanted["kind"], wanted["metadata"]["name"]
+    obj = ctx.kube.get(ctx.namespace, kind, name)
+    if obj is None:
+        obj = create_child(ctx, state, wanted)
+        if obj is not None:
+            ctx.event(f"{kind}Created", f"created {kind} {name}")
+    elif not ch.is_recorded(state.children, obj):
+        if adoptable(obj, ctx.uid):
+            state.record_child(dict(obj, kind=kind, apiVersion=wanted["apiVersion"]))
+        else:
+            obj = None
+    if obj is None:
+        ctx.event(f"{kind}NameTaken", f"{kind} {name} exists and is not this model's", warning=True)
+        return None
+    for rec in ch.of_kind(state.children, kind):
+        if rec["uid"] != obj["metadata"]["uid"]:
+            state.forget_child(rec["uid"])
+    drift = {k: wanted["spec"][k] for k in spec_keys
+             if (obj.get("spec") or {}).get(k) != wanted["spec"][k]}
+    if drift:
+        ctx.kube.patch(ctx.namespace, kind, name, {"spec": drift})
+    return obj

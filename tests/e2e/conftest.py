@@ -1,0 +1,69 @@
+"""The e2e layer's shared node: one LocalCluster with Resident installed by its chart,
+demo bundles in four revisions on a bundle server, for every test of this folder that
+asks for ``world``. It is set up when first needed and stopped at the end of the session;
+the node tests (``test_node_*``, which run first by name) start and stop clusters of
+their own before it exists (one kubelet per machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from bundle.demo import make_revision
+from localcluster.install import install
+from localcluster.node import LocalCluster
+from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
+
+SIZE = 16 * 2**20
+
+
+class World(NamedTuple):
+    cluster: Any
+    server: BundleServer
+    revs: Any
+    installation: Any
+    dirs: dict[str, Path]
+
+    def story(self, namespace: str, name: str = "story") -> Story:
+        """A Story for a model in a new namespace."""
+        self.cluster.kubectl("create", "namespace", namespace)
+        self.cluster.wait_for_service_account(namespace)
+        return Story(self.cluster, namespace, name, self.installation.bridge_root)
+
+    def ready(self, namespace: str, digest: str, **spec: Any) -> Story:
+        """A model applied in a fresh namespace (``spec`` overrides) and Ready on ``digest``."""
+        story = self.story(namespace)
+        body = model_body(story.name, self.server.url, digest)
+        body["spec"].update(spec)
+        story.apply(body)
+        story.wait_ready(digest)
+        return story
+
+    def fresh_revision(self, base: str, kind: str, seed: int) -> str:
+        """A new revision of ``kind`` derived from revision ``base``, pushed: not on the node yet."""
+        target = self.dirs[base].parent / f"fresh-{seed}"
+        digest = make_revision(self.dirs[base], target, kind, fraction=0.005, seed=seed,
+                               chunk_size=CHUNK).digest
+        self.server.push(target)
+        return digest
+
+
+@pytest.fixture(scope="package")
+def world(tmp_path_factory):
+    work = tmp_path_factory.mktemp("story")
+    revs, dirs = make_bundles(work, SIZE)
+    with LocalCluster() as cluster, BundleServer(work / "served", work / "logs") as server:
+        for d in dirs.values():
+            server.push(d)
+        yield World(cluster, server, revs, install(cluster), dirs)
+
+
+@pytest.fixture(scope="package")
+def slow_url(world, tmp_path_factory):
+    """The same bundles from a source that sends 256 KiB/s, so that a transition to a revision
+    the node does not hold yet lasts long enough for a fault test to interrupt it (the
+    operator itself takes well under 1 s)."""
+    with BundleServer(world.server.root, tmp_path_factory.mktemp("slow-logs"), rate=256 << 10) as slow:
+        yield slow.url
