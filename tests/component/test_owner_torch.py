@@ -106,6 +106,14 @@ def test_in_place_reports_exactly_the_changed_rows_and_matches_fresh_loads(check
     assert {n: t.data_ptr() for n, t in backend.live.bound.items()} == ptrs  # written in place
 
 
+def test_chunk_verification_rebuilds_changed_chunks_from_live_parameters(checkpoints, reference):
+    backend = TorchBackend(verify_chunks=True)
+    backend.load(revision(checkpoints, "base"))
+    update = backend.stage_in_place(revision(checkpoints, "rows"))
+    assert update.checks and backend.apply_in_place(update).rows > 0
+    assert backend.generate(PROMPT, 12).tokens == reference["rows"]
+
+
 def test_reload_keeps_the_module_only_when_the_config_is_unchanged(checkpoints, reference):
     backend = loaded(checkpoints)
     module, first = backend.model, next(backend.model.parameters())
