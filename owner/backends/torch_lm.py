@@ -164,13 +164,11 @@ class TorchBackend:
             raise BackendError("the prompt encodes to no tokens")
         if limit and n + max_tokens > limit:
             raise BackendError(f"{n} prompt tokens + {max_tokens} new exceed the model's {limit} positions")
-        pad = {} if self.model.generation_config.pad_token_id is not None else {
-            "pad_token_id": self.tokenizer.pad_token_id or self.model.generation_config.eos_token_id}
         first = _FirstToken()
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(**enc, max_new_tokens=max_tokens, do_sample=False,
-                                      streamer=first, **pad)
+                                      streamer=first)
         tokens = out[0, n:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Output(tokens, text, (first.at or time.perf_counter()) - t0, prompt_tokens=n)

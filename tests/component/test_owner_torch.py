@@ -79,6 +79,9 @@ def test_greedy_tokens_equal_transformers_generate(checkpoints, reference, famil
     assert out.text == backend.tokenizer.decode(reference[family], skip_special_tokens=True)
     assert out.first_token_seconds > 0
     assert backend.generate(PROMPT, 12).tokens == out.tokens  # deterministic
+    assert out.prompt_tokens == len(backend.tokenizer(PROMPT)["input_ids"])
+    with pytest.raises(BackendError, match="positions"):
+        backend.generate(PROMPT, 1024)  # past max_position_embeddings (512 or 128 here)
 
 
 def changed_rows(base_dir, rev_dir):
