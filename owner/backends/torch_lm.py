@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import gc
 import os
+import queue
+import threading
 import time
+from typing import Iterator
 
 from bundle.manifest import Role
 
@@ -32,7 +35,7 @@ from .. import admission
 from ..inplace import ApplyReport, StagedUpdate
 from ..revisions import Revision, read_verified
 from .base import (
-    BackendError, BackendUnavailable, Description, LoadReport, Output, Residency, apply_and_advance,
+    BackendError, BackendUnavailable, Description, LoadReport, Output, Piece, Residency, apply_and_advance,
 )
 
 try:
@@ -64,6 +67,32 @@ class _FirstToken(BaseStreamer):
 
     def end(self) -> None:
         pass
+
+
+class _Handover(BaseStreamer):
+    """Queues the new tokens of each generate step for another thread (not the prompt)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self.calls = 0
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls > 1:
+            self.queue.put(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        pass
+
+
+class _Stop(transformers.StoppingCriteria):
+    """Ends generate at its next step once the reader has gone."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 class TorchBackend:
@@ -152,11 +181,10 @@ class TorchBackend:
     def variants(self) -> list[str]:
         return [VARIANT] if self.model is not None else []
 
-    def generate(self, prompt: str, max_tokens: int, variant: str | None = None) -> Output:
+    def _encode(self, prompt: str, max_tokens: int):
+        """The prompt as model inputs on the device, and its length in tokens; checked."""
         if self.model is None:
             raise BackendError("no model is loaded")
-        if variant not in (None, VARIANT):
-            raise BackendError(f"no variant named {variant!r} (the torch backend has {VARIANT!r})")
         enc = self.tokenizer(prompt, return_tensors="pt").to(self.device)
         n = enc["input_ids"].shape[1]
         limit = getattr(self.model.config, "max_position_embeddings", None)
@@ -164,6 +192,12 @@ class TorchBackend:
             raise BackendError("the prompt encodes to no tokens")
         if limit and n + max_tokens > limit:
             raise BackendError(f"{n} prompt tokens + {max_tokens} new exceed the model's {limit} positions")
+        return enc, n
+
+    def generate(self, prompt: str, max_tokens: int, variant: str | None = None) -> Output:
+        if variant not in (None, VARIANT):
+            raise BackendError(f"no variant named {variant!r} (the torch backend has {VARIANT!r})")
+        enc, n = self._encode(prompt, max_tokens)
         first = _FirstToken()
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -172,6 +206,43 @@ class TorchBackend:
         tokens = out[0, n:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Output(tokens, text, (first.at or time.perf_counter()) - t0, prompt_tokens=n)
+
+    def generate_stream(self, prompt: str, max_tokens: int) -> Iterator[Piece]:
+        """The same greedy ``generate``, run on a thread that hands over each new token; a
+        piece's text is what the tokens so far decode to beyond the last piece's (held back
+        while it ends inside a character), so the pieces join to ``generate``'s text.
+        Closing the iterator early stops the generation at its next step."""
+        enc, n = self._encode(prompt, max_tokens)
+        handed, stop, failed = _Handover(), threading.Event(), []
+
+        def run() -> None:
+            try:
+                with torch.inference_mode():
+                    self.model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, streamer=handed,
+                                        stopping_criteria=transformers.StoppingCriteriaList([_Stop(stop)]))
+            except Exception as e:  # noqa: BLE001 - raised to the reader below
+                failed.append(e)
+            handed.queue.put(None)
+
+        thread = threading.Thread(target=run, name="torch-generate", daemon=True)
+        thread.start()
+        tokens, pending, said = [], [], ""
+        try:
+            while (new := handed.queue.get()) is not None:
+                tokens += new
+                pending += new
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                if not text.endswith("\ufffd") and text.startswith(said):
+                    yield Piece(pending, text[len(said):], n)
+                    pending, said = [], text
+            if failed:
+                raise BackendError(f"generation failed: {type(failed[0]).__name__}: {failed[0]}")
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            if pending or text != said:
+                yield Piece(pending, text[len(said):] if text.startswith(said) else "", n)
+        finally:
+            stop.set()
+            thread.join()
 
     # -- in place ----------------------------------------------------------------
     def stage_in_place(self, revision: Revision) -> StagedUpdate:

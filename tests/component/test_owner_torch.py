@@ -9,6 +9,7 @@ embeddings, GPT-2 in F32); the owner runs them from a bridge-like local volume.
 import json
 import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -82,6 +83,19 @@ def test_greedy_tokens_equal_transformers_generate(checkpoints, reference, famil
     assert out.prompt_tokens == len(backend.tokenizer(PROMPT)["input_ids"])
     with pytest.raises(BackendError, match="positions"):
         backend.generate(PROMPT, 1024)  # past max_position_embeddings (512 or 128 here)
+
+
+def test_streamed_pieces_join_to_generate_and_a_reader_leaving_stops_it(checkpoints):
+    backend = loaded(checkpoints)
+    whole = backend.generate(PROMPT, 12)
+    pieces = list(backend.generate_stream(PROMPT, 12))
+    assert len(pieces) > 1 and {p.prompt_tokens for p in pieces} == {whole.prompt_tokens}
+    assert [t for p in pieces for t in p.tokens] == whole.tokens
+    assert "".join(p.text for p in pieces) == whole.text
+    stream = backend.generate_stream(PROMPT, 400)
+    next(stream)
+    stream.close()  # the reader leaves: the generating thread ends at its next step
+    assert not [t for t in threading.enumerate() if t.name == "torch-generate"]
 
 
 def changed_rows(base_dir, rev_dir):

@@ -86,6 +86,11 @@ def test_resident_owner_serves_an_hf_checkpoint_with_the_torch_backend(demo, tmp
                                    json={"model": "model", "prompt": PROMPT, "max_tokens": 12}).json()
         assert completion["choices"][0]["text"] == out["text"]
         assert completion["usage"]["completion_tokens"] == len(reference)
+        streamed = requests.post(f"http://127.0.0.1:{inference_port}/v1/completions", timeout=60, stream=True,
+                                 json={"model": "model", "prompt": PROMPT, "max_tokens": 12, "stream": True})
+        events = [line[len(b"data: "):] for line in streamed.iter_lines() if line.startswith(b"data: ")]
+        assert events[-1] == b"[DONE]" and len(events) > 3  # several pieces, not one
+        assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == out["text"]
     finally:
         stop(proc)
 
