@@ -14,20 +14,18 @@ import threading
 import numpy as np
 import pytest
 
-pytest.importorskip("torch", reason="the torch extra is part of the test install (scripts/bootstrap)")
+from bundle.demo import read_layout
+from bundle.hf_demo import make_hf_demo, make_hf_revision
+from bundle.scan import build_manifest, write_manifest
+from owner import api
+from owner.backends.base import BackendError
+from owner.backends.torch_lm import TorchBackend
+from owner.inplace import NeedsReload
+from owner.local_volume import set_current, stage_revision
+from owner.revisions import open_revision
+from owner.runtime import Owner, StartupError
 
-from bundle.demo import read_layout  # noqa: E402
-from bundle.hf_demo import make_hf_demo, make_hf_revision  # noqa: E402
-from bundle.scan import build_manifest, write_manifest  # noqa: E402
-from owner import api  # noqa: E402
-from owner.backends.base import BackendError  # noqa: E402
-from owner.backends.torch_lm import TorchBackend  # noqa: E402
-from owner.inplace import NeedsReload  # noqa: E402
-from owner.local_volume import set_current, stage_revision  # noqa: E402
-from owner.revisions import open_revision  # noqa: E402
-from owner.runtime import Owner, StartupError  # noqa: E402
-
-from hf_checkpoints import (  # noqa: E402
+from hf_checkpoints import (
     PROMPT, FailReleaseWeights, FailRestoreWeights, FlipFirstWriteWeights, family_checkpoint,
     transformers_greedy,
 )

@@ -11,16 +11,14 @@ import time
 import pytest
 import requests
 
-pytest.importorskip("torch", reason="the torch extra is part of the test install (scripts/bootstrap)")
+from bundle import cli as bundle_cli
+from bundle.demo import read_layout
+from bundle.manifest import Role
+from bundle.scan import build_manifest, read_manifest
+from owner.local_volume import stage_revision
 
-from bundle import cli as bundle_cli  # noqa: E402
-from bundle.demo import read_layout  # noqa: E402
-from bundle.manifest import Role  # noqa: E402
-from bundle.scan import build_manifest, read_manifest  # noqa: E402
-from owner.local_volume import stage_revision  # noqa: E402
-
-from hf_checkpoints import PROMPT, transformers_greedy  # noqa: E402
-from test_owner_cli import REPO, RESIDENT, ports_from_logs, start, stop  # noqa: E402
+from hf_checkpoints import PROMPT, transformers_greedy
+from test_owner_cli import REPO, RESIDENT, ports_from_logs, start, stop
 
 
 @pytest.fixture(scope="module")
