@@ -2,6 +2,8 @@
 transformers, the demo's trained BPE tokenizer), and transformers' own greedy generate
 as the reference the torch backend must equal. Nothing outside tests/ imports this."""
 
+import torch
+
 from bundle.hf_demo import write_tokenizer
 from bundle.scan import build_manifest, write_manifest
 from owner.torch_weights import LiveWeights
@@ -73,3 +75,17 @@ class FailReleaseWeights(LiveWeights):
 
     def release_staged(self, update):
         raise RuntimeError("injected: staged buffer still pinned")
+
+
+class StrayWriteWeights(LiveWeights):
+    """Test-only fault: the first write also flips a bit in the row after the rows it
+    writes, a row the journal does not hold; only chunk verification can see it."""
+
+    strays = 0
+
+    def write_rows(self, name, rows, values):
+        super().write_rows(name, rows, values)
+        row = int(rows.max()) + 1
+        if not self.strays and row < self.bound[name].shape[0]:
+            self.strays += 1
+            self.bound[name].view(torch.int16)[row, 0] ^= 1

@@ -26,7 +26,7 @@ from owner.revisions import open_revision
 from owner.runtime import Owner, StartupError
 
 from hf_checkpoints import (
-    PROMPT, FailReleaseWeights, FailRestoreWeights, FlipFirstWriteWeights, family_checkpoint,
+    PROMPT, FailReleaseWeights, FailRestoreWeights, FlipFirstWriteWeights, StrayWriteWeights, family_checkpoint,
     transformers_greedy,
 )
 
@@ -199,6 +199,18 @@ def test_failed_rollback_unloads(checkpoints, owner_of):
     owner = owner_of(FailRestoreWeights)
     st = run(owner, "rows", checkpoints, "InPlace")
     assert st.result == "failed" and owner.state == "unloaded" and owner.identity().residency is None
+
+
+def test_chunk_verification_catches_a_stray_write_and_unloads_when_restore_cannot_fix_it(checkpoints):
+    backend = TorchBackend(verify_chunks=True)
+    backend.live_weights = StrayWriteWeights
+    owner = Owner(checkpoints["vol"], backend)
+    owner.start()
+    try:
+        st = run(owner, "rows", checkpoints, "InPlace")
+        assert st.result == "failed" and owner.state == "unloaded" and "do not match" in st.reason
+    finally:
+        owner.close()
 
 
 def test_failed_release_quarantines(checkpoints, owner_of):
