@@ -176,7 +176,7 @@ def watch_file(args: argparse.Namespace, path: Path, total: int, desc: str) -> I
 
 
 def cmd_make_demo(args: argparse.Namespace) -> int:
-    from . import demo
+    from . import demo, hf_demo
     out = Path(args.out)
     weights = out / demo.WEIGHTS_NAME
     if args.base:
@@ -184,14 +184,16 @@ def cmd_make_demo(args: argparse.Namespace) -> int:
             raise UsageError("--size applies to a new demo, not to a revision (--from)")
         base_size = (Path(args.base) / demo.WEIGHTS_NAME)
         total = base_size.stat().st_size if base_size.is_file() else None
+        hf = hf_demo.is_hf_checkpoint(args.base)  # the revision keeps the base's format
         with watch_file(args, weights, total, f"deriving a {args.kind} revision"):
-            m = demo.make_revision(args.base, out, args.kind, args.fraction, args.seed,
-                                   chunk_size=args.chunk_size)
+            m = (hf_demo.make_hf_revision if hf else demo.make_revision)(
+                args.base, out, args.kind, args.fraction, args.seed, chunk_size=args.chunk_size)
     else:
         if args.size is None:
             raise UsageError("give --size for a new demo bundle, or --from BASE for a revision")
+        make = hf_demo.make_hf_demo if args.format == "hf" else demo.make_demo
         with watch_file(args, weights, args.size, "generating demo weights"):
-            m = demo.make_demo(out, args.size, args.seed, chunk_size=args.chunk_size)
+            m = make(out, args.size, args.seed, chunk_size=args.chunk_size)
     print(f"{m.digest}\n  wrote {out} ({m.total_bytes} bytes)")
     return 0
 
@@ -271,6 +273,10 @@ def parser() -> argparse.ArgumentParser:
              "generate a demo model bundle (--size) or derive a revision of one (--from)")
     sp.add_argument("out", help="output directory (must be absent or empty)")
     sp.add_argument("--size", type=parse_size, help="weights size of a new demo, e.g. 64MiB")
+    sp.add_argument("--format", default="numpy", choices=["numpy", "hf"],
+                    help="numpy: the cpu backend's own model (default); hf: a Hugging Face "
+                         "Llama-style checkpoint for the torch backend (needs the torch extra). "
+                         "A revision (--from) keeps its base's format")
     sp.add_argument("--from", dest="base", help="base demo bundle to derive a revision from")
     sp.add_argument("--kind", default="rows", choices=["rows", "graph", "whole"],
                     help="revision kind: rows (some rows change), graph, whole (new weights)")

@@ -39,6 +39,8 @@ REVISION_KINDS = ("rows", "graph", "whole")
 ADMISSIBLE_SUFFIXES = (
     "attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.o_proj.weight",
     "mlp.up_proj.weight", "mlp.down_proj.weight", "lm_head.weight",
+    "mlp.gate_proj.weight",  # Hugging Face Llama / Qwen2 (their attention is self_attn.*)
+    "attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",  # GPT-2
 )
 
 

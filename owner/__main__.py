@@ -36,6 +36,8 @@ example:
   resident owner --bundle-dir /srv/bundle --token-file /var/run/resident/token --port 8080
   curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
        -d '{"model": "model", "prompt": "Hello", "max_tokens": 8}'
+  resident bundle make-demo /tmp/hf --format hf --size 8MiB     # a Hugging Face checkpoint
+  resident owner --backend torch --device cpu --bundle-dir ... --token-file ...
 """
 
 
@@ -45,7 +47,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle-dir", required=True, help="the bundle volume (holds current and revisions/)")
     p.add_argument("--backend", default="cpu", choices=sorted(REGISTRY),
-                   help="runtime backend (default cpu; rngd and atom need their vendor SDKs)")
+                   help="runtime backend (default cpu; torch runs Hugging Face checkpoints and needs "
+                        "the 'torch' extra; rngd and atom need their vendor SDKs)")
+    p.add_argument("--device", help="torch: the device to hold the model on (cpu, cuda, cuda:1; default cpu)")
     p.add_argument("--token-file", required=True, help="file holding the bearer token for /v1/*")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="control port to bind (default 8080; 0 picks one)")
@@ -59,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="how long a request may wait behind an in-place apply before it gets 503 (default 30)")
     p.add_argument("--warmup", action="store_true", help="run every variant once before /readyz is true")
     p.add_argument("--verify-chunks", action="store_true",
-                   help="cpu: after an in-place write also rebuild every changed chunk from live memory "
+                   help="cpu, torch: after an in-place write also rebuild every changed chunk from live memory "
                         "and check it against the manifest (catches stray writes; costs a hash per chunk)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines on stderr)")
     return p.parse_args(argv)
@@ -68,13 +72,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     jsonlog.configure(args.log_level)
-    if args.verify_chunks and args.backend != "cpu":
-        print("resident owner: --verify-chunks applies to the cpu backend only", file=sys.stderr)
+    if args.verify_chunks and args.backend not in ("cpu", "torch"):
+        print("resident owner: --verify-chunks applies to the cpu and torch backends only", file=sys.stderr)
         return 2
+    if args.device and args.backend != "torch":
+        print("resident owner: --device applies to the torch backend only", file=sys.stderr)
+        return 2
+    options = {"verify_chunks": True} if args.verify_chunks else {}
+    if args.device:
+        options["device"] = args.device
     try:
         token = read_token(args.token_file)
         api_key = read_token(args.api_key_file) if args.api_key_file else None
-        backend = create_backend(args.backend, **({"verify_chunks": True} if args.verify_chunks else {}))
+        backend = create_backend(args.backend, **options)
     except (OSError, ValueError, BackendError) as e:
         print(f"resident owner: {e}", file=sys.stderr)
         return 1

@@ -30,11 +30,18 @@ class Capabilities(Wire):
     in_place: bool = Field(alias="inPlace")
 
 
+class Residency(Wire):
+    device: str
+    dtype: str
+    bytes_resident: int = Field(alias="bytesResident")
+
+
 class IdentityResponse(Wire):
     state: State
     identity: Identity | None
     backend: str
     capabilities: Capabilities
+    residency: Residency | None = None  # where the live weights sit; null while nothing is loaded
 
 
 class TransitionRequest(Wire):

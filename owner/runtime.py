@@ -98,8 +98,10 @@ class Owner:
     def identity(self) -> api.IdentityResponse:
         d = self.backend.describe()
         ident = api.Identity(**d.identity) if d.identity else None
+        where = d.residency and api.Residency(device=d.residency.device, dtype=d.residency.dtype,
+                                              bytesResident=d.residency.bytes)
         return api.IdentityResponse(state=self.state, identity=ident, backend=d.backend,
-                                    capabilities=api.Capabilities(inPlace=d.in_place))
+                                    capabilities=api.Capabilities(inPlace=d.in_place), residency=where)
 
     def current(self) -> Revision | None:
         return getattr(self.backend, "revision", None)

@@ -6,13 +6,11 @@ import numpy as np
 from owner.backends.cpu import CpuBackend
 
 
-class FaultyWriteCpuBackend(CpuBackend):
-    """Test-only: flips one bit in the first row block each in-place update writes, so the
-    owner's read-back verification fails and its journal restores the old rows."""
+class FlipsFirstWrite:
+    """Test-only mixin for a RowStore: flips one bit in the first row block written after
+    ``writes`` was 0, so read-back verification fails and the journal restores the old rows."""
 
-    def apply_in_place(self, update):
-        self.writes, self.patches = 0, len(update.patches)
-        return super().apply_in_place(update)
+    writes = 0
 
     def write_rows(self, name, rows, values):
         self.writes += 1
@@ -20,3 +18,11 @@ class FaultyWriteCpuBackend(CpuBackend):
             values = values.copy()
             values[0, 0] ^= np.uint16(1)
         super().write_rows(name, rows, values)
+
+
+class FaultyWriteCpuBackend(FlipsFirstWrite, CpuBackend):
+    """Test-only: the cpu backend whose every in-place update gets one flipped bit."""
+
+    def apply_in_place(self, update):
+        self.writes, self.patches = 0, len(update.patches)
+        return super().apply_in_place(update)

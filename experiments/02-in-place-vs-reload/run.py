@@ -41,13 +41,12 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE.parent))
 
 import benchkit  # noqa: E402
+import owner_transition  # noqa: E402
 from bundle.demo import choose_config, make_demo, make_revision, tensor_shapes  # noqa: E402
-from owner import api  # noqa: E402
 from owner.backends.cpu import CpuBackend  # noqa: E402
 from owner.local_volume import stage_revision  # noqa: E402
 from owner.runtime import Owner  # noqa: E402
 
-METRIC = "to_first_token_seconds"
 RATIOS = {"reload_reuse_over_in_place": ("reload_reuse", "in_place"),
           "reload_cold_over_in_place": ("reload_cold", "in_place"),
           "reload_cold_over_reload_reuse": ("reload_cold", "reload_reuse")}
@@ -56,18 +55,7 @@ VARIANTS = [{"name": "b1-s128", "batch": 1, "seq": 128}, {"name": "b1-s512", "ba
 
 
 def recompute(raw: dict) -> dict:
-    """The summary to first token, plus the same without the first-token step (which costs
-    one full pass over the weights in both arms and so bounds every ratio), plus that bound:
-    each reload arm over in place's first token alone, the ratio an in-place update whose
-    stage, apply and verify took no time at all would reach."""
-    summary = benchkit.summarize(raw["samples"], METRIC, RATIOS)
-    derived = [{**s, "transition_seconds": s[METRIC] - s["first_token_seconds"]} for s in raw["samples"]]
-    summary["excluding_first_token"] = benchkit.summarize(derived, "transition_seconds", RATIOS)
-    token = benchkit.stats([s["first_token_seconds"] for s in raw["samples"] if s["arm"] == "in_place"])
-    summary["ceiling_if_in_place_cost_only_its_first_token"] = {
-        f"{arm}_over_in_place_first_token": summary["arms"][arm]["median"] / token["median"]
-        for arm in ("reload_reuse", "reload_cold")}
-    return summary
+    return owner_transition.summary(raw, RATIOS, ("reload_reuse", "reload_cold"))
 
 
 def concentrated(config: dict, fraction: float) -> tuple[list[str], float]:
@@ -94,23 +82,9 @@ def prepare(work: Path, mib: int, fraction: float, scenario: str) -> tuple[Path,
 
 
 def transition(owner: Owner, digests: dict, strategy: str, cold: bool) -> dict:
-    target = digests["rows"] if owner.current().digest == digests["base"] else digests["base"]
     if cold:
         owner.backend.graph = None  # drop the compiled-graph cache: this reload compiles again
-    t0 = time.perf_counter()
-    st = owner.submit(api.TransitionRequest(target=target, path="WholeBundle", strategy=strategy))
-    owner.wait_idle(600)
-    wall = time.perf_counter() - t0
-    if st.result != "succeeded" or st.strategy != strategy:
-        raise SystemExit(f"transition failed: {st.model_dump_json()}")
-    if strategy == "Reload" and st.graph_reused is cold:
-        raise SystemExit(f"graph reuse {st.graph_reused} but cold={cold}")
-    token = owner.backend.generate("\n", 1).tokens[0]
-    t = st.timings
-    return {METRIC: t.total_seconds, "wall_seconds": wall, "stage_seconds": t.stage_seconds,
-            "apply_seconds": t.apply_seconds, "verify_seconds": t.verify_seconds,
-            "first_token_seconds": t.first_token_seconds, "to": target, "token": token,
-            "rows_changed": st.rows_changed, "bytes_read": st.bytes_read, "graph_reused": st.graph_reused}
+    return owner_transition.sample(owner, digests, strategy, cold, "\n")
 
 
 def main() -> None:

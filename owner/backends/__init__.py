@@ -1,7 +1,7 @@
-"""Backends: one protocol, a registry by name, a real cpu backend and vendor adapters.
+"""Backends: one protocol, a registry by name, real cpu and torch backends, vendor adapters.
 
 The registry maps a name to ``module:Class`` and imports it only when asked, so a cpu
-owner never imports a vendor SDK and a missing SDK surfaces as a clear
+owner never imports a vendor SDK or torch and a missing SDK surfaces as a clear
 :class:`~owner.backends.base.BackendUnavailable` at start, not as an ImportError.
 """
 
@@ -15,6 +15,7 @@ REGISTRY: dict[str, str] = {
     "cpu": "owner.backends.cpu:CpuBackend",
     "rngd": "owner.backends.rngd:RngdBackend",
     "atom": "owner.backends.atom:AtomBackend",
+    "torch": "owner.backends.torch_lm:TorchBackend",
 }
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Protocol, runtime_checkable
 
-from ..inplace import ApplyReport, StagedUpdate
+from .. import inplace
+from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
 from ..revisions import Revision
 
 
@@ -30,11 +31,21 @@ class BackendUnavailable(BackendError):
 
 
 @dataclass(frozen=True)
+class Residency:
+    """Where the live weights sit: device (``cpu``, ``cuda:0``), dtype, bytes held there."""
+
+    device: str
+    dtype: str
+    bytes: int
+
+
+@dataclass(frozen=True)
 class Description:
     backend: str
     in_place: bool
     identity: dict[str, str] | None
     variants: tuple[str, ...]
+    residency: Residency | None = None  # None while nothing is loaded
 
 
 @dataclass(frozen=True)
@@ -85,3 +96,17 @@ def stream(backend: Backend, prompt: str, max_tokens: int) -> Iterator[Piece]:
         return
     out = backend.generate(prompt, max_tokens)
     yield Piece(list(out.tokens), out.text, out.prompt_tokens)
+
+
+def apply_and_advance(backend, store: inplace.RowStore, update: StagedUpdate, verify_chunks: bool) -> ApplyReport:
+    """Apply an admitted update to ``store`` (see :func:`owner.inplace.apply`) and move
+    ``backend.revision`` to the target whenever the new rows are live, also when only the
+    release of staged memory failed after them."""
+    try:
+        report = inplace.apply(store, update, verify_chunks)
+    except ReleaseFailed as e:
+        if e.applied:
+            backend.revision = update.target
+        raise
+    backend.revision = update.target
+    return report

@@ -23,13 +23,13 @@ import numpy as np
 
 from bundle.manifest import Role
 
-from .. import admission, inplace
+from .. import admission
 from ..decoder import Decoder, bf16_to_f32
 from ..graph import CompiledGraph, GraphError, compile_graph
-from ..inplace import ApplyReport, ReleaseFailed, StagedUpdate
+from ..inplace import ApplyReport, StagedUpdate
 from ..revisions import Revision, map_verified, read_verified
 from ..safetensors_layout import Layout, LayoutError, parse_layout
-from .base import BackendError, Description, LoadReport, Output, Piece
+from .base import BackendError, Description, LoadReport, Output, Piece, Residency, apply_and_advance
 
 
 class CpuBackend:
@@ -108,7 +108,8 @@ class CpuBackend:
     # -- serving -----------------------------------------------------------------
     def describe(self) -> Description:
         ident = self.revision.manifest.identity() if self.revision else None
-        return Description(self.name, True, ident, tuple(self.variants()))
+        where = Residency("cpu", "float32", sum(w.nbytes for w in self.weights.values())) if self.revision else None
+        return Description(self.name, True, ident, tuple(self.variants()), where)
 
     def variants(self) -> list[str]:
         return [v.name for v in self.graph.variants] if self.graph else []
@@ -153,14 +154,7 @@ class CpuBackend:
         return admission.stage(self, self.revision.manifest, revision)
 
     def apply_in_place(self, update: StagedUpdate) -> ApplyReport:
-        try:
-            report = inplace.apply(self, update, self.verify_chunks)
-        except ReleaseFailed as e:
-            if e.applied:
-                self.revision = update.target
-            raise
-        self.revision = update.target
-        return report
+        return apply_and_advance(self, self, update, self.verify_chunks)
 
     # RowStore, used by owner.inplace
     def layouts(self) -> dict[str, Layout]:

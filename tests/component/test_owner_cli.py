@@ -76,6 +76,9 @@ def test_resident_owner_serves_a_demo_bundle(volume):
         body = r.json()
         assert len(body["tokens"]) == 4 and body["identity"]["bundle"] == digest
         assert body["firstTokenSeconds"] > 0
+        ident = requests.get(url + "/v1/identity", headers={"Authorization": "Bearer s3cret"}, timeout=10).json()
+        assert ident["residency"]["device"] == "cpu" and ident["residency"]["dtype"] == "float32"
+        assert ident["residency"]["bytesResident"] > 256 * 1024  # about 256 KiB of BF16 weights, widened
         r = requests.post(f"http://127.0.0.1:{inference_port}/v1/completions", timeout=10,
                           json={"model": "demo", "prompt": "hello", "max_tokens": 4},
                           headers={"Authorization": "Bearer app-key"})

@@ -74,7 +74,7 @@ def test_every_runtime_package_is_copied():
 def test_final_images_run_as_the_non_root_user_the_chart_expects():
     values = yaml.safe_load((REPO / "charts" / "resident" / "values.yaml").read_text())
     by_stage = stages()
-    for target in ("resident", "owner"):
+    for target in ("resident", "owner", "owner-torch"):
         users = [rest for word, rest in by_stage[target] if word == "USER"]
         assert users, f"stage {target} sets no USER"
         uid, _, gid = users[-1].partition(":")
