@@ -84,6 +84,7 @@ class ClosedLoop:
         self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.answers: list[Answer] = []
+        self.backoff = 0.05     # after a 503, a reset or no endpoint (Retry-After, only sooner)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client, name=f"client-{i}", daemon=True)
@@ -105,7 +106,7 @@ class ClosedLoop:
             address, start = self.target(), time.monotonic()
             if address is None:
                 self._record(Answer(start, time.monotonic(), -1, error="no ready endpoint"))
-                time.sleep(0.01)
+                time.sleep(self.backoff)
                 continue
             try:
                 resp = session.post(f"http://{address}/v1/completions", json=self.body,
@@ -114,9 +115,11 @@ class ClosedLoop:
                                     resp.headers.get("Resident-Revision", ""),
                                     resp.headers.get("Retry-After", ""),
                                     "" if resp.ok else resp.text[:200]))
+                if resp.status_code == 503:
+                    time.sleep(self.backoff)
             except requests.RequestException as e:
                 self._record(Answer(start, time.monotonic(), 0, error=f"{type(e).__name__}: {e}"))
-                time.sleep(0.01)
+                time.sleep(self.backoff)
 
     def _record(self, answer: Answer) -> None:
         with self._lock:

@@ -12,10 +12,12 @@ fresh revision with 0.5% of rows changed:
 - ``reload_solo``: ``solo``, strategy Reload (nowhere to drain to: 503 + Retry-After in the gap).
 
 Per sample: requests and failed requests in the switch window (from the spec patch until
-every owner is Ready on the new revision), p99 latency in the window and in the steady
-3 s before it, the length of the 503 window (first to last 503) and the owners' own reload
-time (``lastTransition.durations.ownerSeconds``), and whether each answer's revision is
-one of the two. ``python run.py [--rounds N] [--size-mib M]``; results in ``<size>mib/``.
+every owner is Ready on the new revision), connection resets among them, p99 latency in
+the window and in the steady 3 s before it, the unavailable window (from the first request
+not answered 200, a 503 from the owner or no ready endpoint at all, to the last one) and
+the owners' own reload time (``lastTransition.durations.ownerSeconds``), and whether each
+answer's revision is one of the two. A 503 or an empty Endpoints list makes the client
+wait 50 ms before its next try, as a client honouring ``Retry-After`` would, only sooner. ``python run.py [--rounds N] [--size-mib M]``; results in ``<size>mib/``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def recompute(raw: dict) -> dict:
         samples = [s for s in raw["samples"] if s["arm"] == arm]
         out["arms"][arm] = {
             "failed_total": sum(s["failed"] for s in samples),
+            "resets_total": sum(s["resets"] for s in samples),
             "requests_total": sum(s["requests"] for s in samples),
             "mixed_total": sum(s["foreign_revision"] for s in samples),
             **{key: benchkit.stats([s[key] for s in samples])
@@ -135,13 +138,14 @@ def main(argv: list[str] | None = None) -> int:
                 t1 = time.monotonic()
                 time.sleep(0.5)   # let requests in flight at t1 finish
                 window, steady = load.between(t0, t1), load.between(t0 - STEADY_SECONDS, t0)
-                unavailable = [a for a in window if a.status == 503]
+                unavailable = [a for a in window if not a.ok]
                 last = rm["status"]["lastTransition"]
                 return {
                     "model": model, "strategy": last["strategy"], "result": last["result"],
                     "requests": len(window), "failed": sum(1 for a in window if not a.ok),
                     "errors": sorted({f"{a.status} {a.error[:80]}" for a in window if not a.ok})[:5],
-                    "retry_after_on_every_503": all(a.retry_after for a in unavailable),
+                    "resets": sum(1 for a in window if a.status == 0),
+                    "retry_after_on_every_503": all(a.retry_after for a in window if a.status == 503),
                     "foreign_revision": sum(1 for a in window if a.ok and a.revision not in (old, digest)),
                     "window_seconds": round(t1 - t0, 4),
                     "window_p99_seconds": round(p99([a.end - a.start for a in window if a.ok]), 4),
@@ -164,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     benchkit.write(out, raw, summary)
     for arm_name, figures in summary["arms"].items():
-        print(f"{arm_name:<12} failed {figures['failed_total']}/{figures['requests_total']}")
+        print(f"{arm_name:<12} failed {figures['failed_total']}/{figures['requests_total']}, "
+              f"resets {figures['resets_total']}")
     for name, value in summary["ratios"].items():
         print(f"{name:<45} {value:6.2f}x")
     return 0

@@ -25,6 +25,7 @@ for folder in folders:
     benchkit.verify(folder, recompute)
     summary = json.loads((folder / "summary.json").read_text())
     for arm, figures in summary["arms"].items():
-        print(f"  {arm:<12} failed {figures['failed_total']}/{figures['requests_total']}")
+        print(f"  {arm:<12} failed {figures['failed_total']}/{figures['requests_total']}, "
+              f"resets {figures['resets_total']}")
     for name, value in summary["ratios"].items():
         print(f"  {name:<45} {value:6.2f}x")
