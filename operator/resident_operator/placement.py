@@ -50,6 +50,8 @@ def owner_command(model: str, spec: ModelSpec, ports: tuple[int, int]) -> list[s
     cmd = ["resident", "owner", "--bundle-dir", naming.BUNDLE_MOUNT, "--backend", rt.backend,
            "--host", "0.0.0.0", "--port", str(ports[0]), "--inference-port", str(ports[1]),
            "--model-name", model, "--token-file", f"{naming.TOKEN_MOUNT_DIR}/{naming.TOKEN_KEY}"]
+    if rt.backend == "torch":   # the card it was given, or the CPU
+        cmd += ["--device", "cpu" if spec.accelerator == "cpu" else "cuda"]
     if spec.serving.api_key_secret:
         cmd += ["--api-key-file", f"{naming.API_KEY_MOUNT_DIR}/{naming.API_KEY_KEY}"]
     if rt.warmup:

@@ -26,6 +26,7 @@ BACKEND_ACCELERATORS: dict[str, tuple[str, ...]] = {
     "cpu": ("cpu",),
     "rngd": ("furiosa.ai/rngd",),
     "atom": ("rebellions.ai/ATOM", "rebellions.ai/npu"),
+    "torch": ("cpu", "nvidia.com/gpu"),
 }
 KNOWN_ACCELERATORS = ("furiosa.ai/rngd", "rebellions.ai/ATOM", "rebellions.ai/npu", "nvidia.com/gpu")
 LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
@@ -168,8 +169,9 @@ def _runtime_problems(spec: ModelSpec, settings: OperatorSettings) -> list[str]:
     if wanted is not None and spec.accelerator not in wanted:
         out.append(f"spec.runtime.backend {rt.backend!r} runs only on accelerator "
                    f"{' or '.join(wanted)}, not {spec.accelerator!r}")
-    if spec.accelerator == "cpu" and rt.backend != "cpu":
-        out.append(f"spec.accelerator 'cpu' needs spec.runtime.backend 'cpu', not {rt.backend!r}")
+    if spec.accelerator == "cpu" and rt.backend not in ("cpu", "torch"):
+        out.append(f"spec.accelerator 'cpu' needs spec.runtime.backend 'cpu' or 'torch', "
+                   f"not {rt.backend!r}")
     if not rt.image and not settings.owner_image:
         out.append("spec.runtime.image is empty and the operator has no default owner image "
                    "(RESIDENT_OWNER_IMAGE)")

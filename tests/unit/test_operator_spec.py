@@ -74,6 +74,17 @@ def test_slot_port_ranges_must_not_overlap_on_host_networking():
         parse_spec(raw(replicas=4, runtime={"port": 65534}, serving={"port": 8000})), host))
 
 
+def test_torch_runs_on_the_cpu_or_a_gpu_and_is_told_which():
+    from resident_operator.placement import owner_command
+    for accelerator, device in (("cpu", "cpu"), ("nvidia.com/gpu", "cuda")):
+        s = parse_spec(raw(accelerator=accelerator, runtime={"backend": "torch"}))
+        assert spec_problems(s, WITH_IMAGE) == []
+        cmd = owner_command("m", s, (8080, 8000))
+        assert cmd[cmd.index("--device") + 1] == device
+    s = parse_spec(raw(accelerator="furiosa.ai/rngd", runtime={"backend": "torch"}))
+    assert any("runs only on accelerator cpu or nvidia.com/gpu" in p for p in spec_problems(s, WITH_IMAGE))
+
+
 def test_vendor_backend_on_its_card_is_valid():
     s = parse_spec(raw(accelerator="rebellions.ai/npu", runtime={"backend": "atom"}))
     assert spec_problems(s, WITH_IMAGE) == [] and s.cards == 1
