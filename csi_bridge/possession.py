@@ -50,11 +50,7 @@ class Possession:
         """Return True if already proven, False if proven now; raise NotProven otherwise."""
         if self.state.proven(namespace, source, digest):
             return True
-        inside = self._protected_dir(source)
-        if inside is not None:
-            raise NotProven(f"source {source} lies in {inside}, which holds every namespace's "
-                            "bundles on this node; it cannot show that the namespace may read "
-                            f"{digest}", ManifestError(f"{source}: a protected node directory"))
+        self.refuse_protected(source, digest)
         try:
             src = self.open_source(source)
             try:
@@ -67,6 +63,14 @@ class Possession:
         log.info(f"possession proven: {source} serves {digest}",
                  extra={"namespace": namespace, "digest": digest})
         return False
+
+    def refuse_protected(self, source: str, digest: str) -> None:
+        """Raise NotProven if ``source`` lies in a node directory holding every tenant's bundles."""
+        inside = self._protected_dir(source)
+        if inside is not None:
+            raise NotProven(f"source {source} lies in {inside}, which holds every namespace's "
+                            "bundles on this node; it cannot show that the namespace may read "
+                            f"{digest}", ManifestError(f"{source}: a protected node directory"))
 
     def _protected_dir(self, source: str) -> str | None:
         if not source.startswith("file:"):

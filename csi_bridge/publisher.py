@@ -7,7 +7,8 @@ up where the last attempt stopped):
    bundle answers OK once its mount checks out; anything else is ALREADY_EXISTS.
 2. Authorize the Pod's namespace (no filesystem work before this), and prove that the
    namespace's source serves the bundle (:mod:`csi_bridge.possession`): knowing a digest
-   the store holds is not enough to mount it.
+   the store holds is not enough to mount it. A digest the store lacks is proven by its
+   fetch from that source, and checked again once it is in the store (3).
 3. Materialize the revision in the store, in the background if it takes long: ABORTED
    with progress while bytes arrive; UNAVAILABLE when the fetch is stalled; the last
    failure's own code and message while a retry after a failure runs (a failure is
@@ -101,8 +102,10 @@ class Publisher:
                     self.authorizer.authorize(args.pod, args.bundle)
                 except Denied as e:
                     raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
-                self._prove(args)
+                self._prove(args, before_fetch=True)
             self._materialized(args, wait_seconds)
+            if rec is None:   # a new publication: its own source served what the store holds
+                self._prove(args)
             with self.gc_guard:  # no GC between "the revision is there" and "it is leased"
                 if not self.store.has_revision(args.bundle.digest):
                     raise CsiError(grpc.StatusCode.ABORTED,
@@ -158,17 +161,22 @@ class Publisher:
             return False
         return volumes.current_digest(Path(rec.volume_dir)) is not None
 
-    def _prove(self, args: PublishArgs) -> None:
-        """The namespace's own source must serve the bundle before the store may serve it."""
+    def _prove(self, args: PublishArgs, before_fetch: bool = False) -> None:
+        """The namespace's own source must serve the bundle before the store may serve it.
+
+        Before the fetch, a digest the store lacks needs no proof yet: it is fetched from this
+        very source (whose failure is then the fetch's, recorded and answered as such), and
+        proven once it is in the store, as any store hit is."""
         digest, ns = args.bundle.digest, args.pod.namespace
         try:
+            if before_fetch and not self.store.has_revision(digest):
+                self.possession.refuse_protected(args.bundle.source, digest)
+                return
             self.possession.prove(ns, args.bundle.source, digest)
         except NotProven as e:
-            if self.store.has_revision(digest):  # content is here; the right to it is not
-                raise CsiError(grpc.StatusCode.PERMISSION_DENIED,
-                               f"namespace {ns!r} may not mount {digest}: {e}; a digest alone "
-                               "grants no access to a bundle") from None
-            raise from_bundle_error(e.cause, f"delivering {digest}") from None
+            raise CsiError(grpc.StatusCode.PERMISSION_DENIED,
+                           f"namespace {ns!r} may not mount {digest}: {e}; a digest alone "
+                           "grants no access to a bundle") from None
 
     def _materialized(self, args: PublishArgs, wait_seconds: float) -> None:
         digest = args.bundle.digest
