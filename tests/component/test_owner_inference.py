@@ -324,7 +324,12 @@ def test_a_client_that_leaves_mid_stream_releases_the_revision(volume):
         with socket.create_connection(("127.0.0.1", int(o.url.rsplit(":", 1)[1])), timeout=10) as sock:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            assert b"data: " in sock.recv(4096)  # the first chunk came; the client goes away
+            seen = b""
+            while b"data: " not in seen:     # the headers may come in a packet of their own
+                got = sock.recv(4096)
+                assert got, f"the stream ended before its first chunk: {seen!r}"
+                seen += got
+            # the first chunk came; the client goes away
         tid = o.transition(d["rows"], strategy="InPlace")
         st = o.finished(tid)
         assert st["result"] == "succeeded" and st["timings"]["totalSeconds"] < 5
