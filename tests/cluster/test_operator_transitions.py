@@ -305,15 +305,17 @@ def test_operator_killed_mid_transition_resumes_without_duplicates(cluster, name
 
 
 def test_a_standby_takes_over_a_killed_leader_and_finishes_its_transition(
-        cluster, namespace, node, bundles, tmp_path):
+        cluster, namespace, node, bundles, tmp_path, chart_accounts):
     root, d = bundles
     api, port = Api(cluster, namespace), free_port()
-    elect = ("--leader-elect", "--leader-election-namespace", namespace)
+    # the Lease the chart's Role grants: <release>-resident-operator in the release namespace
+    lease_ns, lease_name = chart_accounts.namespace, "accounts-resident-operator"
+    elect = ("--leader-elect", "--leader-election-namespace", lease_ns, "--leader-election-id", lease_name)
     leases = client.CoordinationV1Api(cluster.api_client())
 
     def holder():
         try:
-            lease = leases.read_namespaced_lease("resident-operator", namespace)
+            lease = leases.read_namespaced_lease(lease_name, lease_ns)
         except Exception:  # noqa: BLE001 - not created yet
             return None
         return lease.spec.holder_identity
