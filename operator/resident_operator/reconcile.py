@@ -23,9 +23,10 @@ from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_bro
 from .rollout import step_transition
 from .disruption import ensure_disruption_budget
 from .serving import ensure_service
+from .source_check import check_first_placement
 from .spec import SpecError, parse_spec, spec_problems
 
-OK, INVALID, GONE = "ok", "invalid", "gone"
+OK, INVALID, GONE, BLOCKED = "ok", "invalid", "gone", "blocked"
 
 
 def state_of(ctx: ModelContext) -> ModelState:
@@ -52,9 +53,13 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
                                   blocker=None, desired_digest=""))
         return INVALID, "; ".join(problems)
     assert spec is not None
+    blocked = check_first_placement(ctx, state, spec)
+    if blocked is not None:   # nothing is created until the source holds spec.bundle
+        report(ctx, derive_status(replicas=spec.replicas, owners=[], problems=[], transition=None,
+                                  last_transition=state.last_transition, blocker=blocked,
+                                  desired_digest=spec.bundle.digest))
+        return BLOCKED, blocked.message
     ctx.token = ctx.token or ensure_token(ctx, state)   # known from an earlier pass, else read
-    if not state.bundle:
-        state.commit_bundle(spec.bundle.digest, spec.bundle.source)
     t = state.transition
     managed = {o.slot for o in t.owners} if t else set()
     revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])

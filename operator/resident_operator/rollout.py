@@ -15,9 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from bundle.errors import BundleError, PlanError
-from bundle.manifest import ManifestError
-from bundle.sources import open_source
+from bundle.errors import PlanError
 
 from . import metrics
 from .context import ModelContext
@@ -25,6 +23,7 @@ from .model_state import ModelState
 from .observe import Blocker, OwnerView
 from .owner_step import observe_owner, perform
 from .planning import InPlaceImpossible, plan_transition
+from .source_check import SourceProblem, fetch_manifest
 from .spec import ModelSpec
 from .transition import (OwnerProgress, Step, TransitionState, advance,
                          outcome, owners_to_start)
@@ -35,11 +34,6 @@ BLOCKED_RETRY_SECONDS = 10.0      # a transition that could not start (source do
 OWNER_STATE_RETRY_SECONDS = 1.0   # waiting for an owner to be ready without a transition to wait on
 
 
-def fetch_manifest(source: str, digest: str):
-    with open_source(source) as src:
-        return src.fetch_manifest(digest)
-
-
 def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
                      views: list[OwnerView]) -> Blocker | None:
     """Plan the move from the committed revision to spec.bundle and record it."""
@@ -47,8 +41,8 @@ def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
     try:
         target = fetch_manifest(to.source, to.digest)
         donor = fetch_manifest(frm["source"], frm["digest"])
-    except (BundleError, ManifestError, OSError) as e:
-        return Blocker("SourceUnavailable", f"cannot read the manifests: {type(e).__name__}: {e}")
+    except SourceProblem as e:
+        return e.blocker
     caps = [v.in_place for v in views if v.in_place is not None]
     in_place = None if not caps else all(caps)
     try:

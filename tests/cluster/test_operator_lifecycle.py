@@ -1,19 +1,31 @@
 """Operator against a real kube-apiserver: placement, invalid specs, cleanup by UID, sweep.
 
 The operator runs in kopf.testing.KopfRunner. These tests need no node: owner Pods stay
-unscheduled (Pending), which is all placement, validation and cleanup look at.
+unscheduled (Pending), which is all placement, validation and cleanup look at. The bundle
+is a real (tiny) demo bundle in a file:// directory: the operator reads its manifest before
+it places a model.
 """
 
 from __future__ import annotations
 
+import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from bundle.demo import make_demo
 from conftest_operator import Api, condition, running_operator, wait_for
 
-DIGEST = "sha256:" + "ab" * 32
-SPEC = {"bundle": {"source": "file:///srv/bundles/tiny", "digest": DIGEST}}
-NPU_SPEC = {**SPEC, "accelerator": "furiosa.ai/rngd", "replicas": 2,
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The spec of a model on a real tiny bundle."""
+    root = tmp_path_factory.mktemp("tiny")
+    digest = make_demo(root / "tiny", 256 * 1024, seed=1).digest
+    return {"bundle": {"source": f"file://{root / 'tiny'}", "digest": digest}}
+
+
+def npu_spec(tiny):
+    return {**tiny, "accelerator": "furiosa.ai/rngd", "replicas": 2,
             "runtime": {"backend": "rngd", "port": 9100},
             "nodeSelector": {"resident.dev/pool": "npu"},
             "tolerations": [{"key": "npu", "operator": "Exists", "effect": "NoSchedule"}]}
@@ -24,10 +36,10 @@ def owner_pods(api: Api, name: str):
                    if not p.metadata.deletion_timestamp), key=lambda p: p.metadata.name)
 
 
-def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespace):
+def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespace, tiny):
     api = Api(cluster, namespace)
     with running_operator(namespace):
-        model = api.create_model("npu-lm", NPU_SPEC)
+        model = api.create_model("npu-lm", npu_spec(tiny))
         uid = model["metadata"]["uid"]
         pods = wait_for(lambda: len(owner_pods(api, "npu-lm")) == 2 and owner_pods(api, "npu-lm"),
                         what="two owner Pods")
@@ -41,7 +53,7 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
             assert {p.name: p.container_port for p in c.ports} == {"control": 9100, "http": 8000}
             csi = next(v.csi for v in pod.spec.volumes if v.csi)
             assert csi.driver == "bundles.resident.dev" and csi.read_only is True
-            assert csi.volume_attributes == {"digest": DIGEST, "source": SPEC["bundle"]["source"],
+            assert csi.volume_attributes == {**tiny["bundle"],
                                              "model": "npu-lm"}
             assert next(v.secret for v in pod.spec.volumes if v.secret).secret_name == "npu-lm-owner-token"
             ref, = pod.metadata.owner_references
@@ -78,7 +90,7 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         assert m["status"]["endpoint"] == f"http://npu-lm.{namespace}.svc:8000"
         table = cluster.kubectl("get", "rm", "-n", namespace).stdout
         assert table.split("\n")[0].split() == ["NAME", "PHASE", "BUNDLE", "READY", "ENDPOINT", "AGE"]
-        assert "npu-lm" in table and DIGEST in table and "0/2" in table
+        assert "npu-lm" in table and tiny["bundle"]["digest"] in table and "0/2" in table
         assert f"http://npu-lm.{namespace}.svc:8000" in table
 
         api.patch_spec("npu-lm", {"replicas": 1})
@@ -100,7 +112,7 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
                                                         "poddisruptionbudgets")["items"] == []
 
 
-def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(cluster, namespace):
+def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(cluster, namespace, tiny):
     api = Api(cluster, namespace)
 
     def budget():
@@ -108,7 +120,7 @@ def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(clust
                                                           "poddisruptionbudgets")["items"]
         return listed[0] if listed else {"spec": {}}
     with running_operator(namespace):
-        api.create_model("tiny", SPEC)
+        api.create_model("tiny", tiny)
         svc = wait_for(lambda: api.core.list_namespaced_service(namespace).items, what="Service")[0]
         api.patch_spec("tiny", {"transition": {"maxUnavailable": 2}})
         wait_for(lambda: budget()["spec"].get("maxUnavailable") == 2, what="the budget follows maxUnavailable")
@@ -126,10 +138,10 @@ def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(clust
         assert svc.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
 
 
-def test_kubectl_scale_changes_the_owners_and_the_scale_subresource_counts_them(cluster, namespace):
+def test_kubectl_scale_changes_the_owners_and_the_scale_subresource_counts_them(cluster, namespace, tiny):
     api = Api(cluster, namespace)
     with running_operator(namespace):
-        model = api.create_model("tiny", SPEC)
+        model = api.create_model("tiny", tiny)
         wait_for(lambda: len(owner_pods(api, "tiny")) == 1, what="one owner Pod")
         cluster.kubectl("scale", "rm", "tiny", "--replicas=3", "-n", namespace)
         wait_for(lambda: len(owner_pods(api, "tiny")) == 3, what="three owner Pods after kubectl scale")
@@ -145,9 +157,9 @@ def test_kubectl_scale_changes_the_owners_and_the_scale_subresource_counts_them(
         assert len(api.pods(selector)) == 3
 
 
-def test_scheduling_controls_are_accepted_by_the_api_server_on_owner_pods(cluster, namespace):
+def test_scheduling_controls_are_accepted_by_the_api_server_on_owner_pods(cluster, namespace, tiny):
     api = Api(cluster, namespace)
-    spec = dict(SPEC, affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    spec = dict(tiny, affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": "resident.dev/pool", "operator": "In", "values": ["npu"]}]}]}}},
         topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
@@ -162,9 +174,9 @@ def test_scheduling_controls_are_accepted_by_the_api_server_on_owner_pods(cluste
             "resident.dev/component"] == "owner"
 
 
-def test_invalid_spec_gets_a_condition_and_no_children(cluster, namespace):
+def test_invalid_spec_gets_a_condition_and_no_children(cluster, namespace, tiny):
     api = Api(cluster, namespace)
-    bad = {**SPEC, "runtime": {"warmup": True}, "transition": {"maxUnavailable": 1}}
+    bad = {**tiny, "runtime": {"warmup": True}, "transition": {"maxUnavailable": 1}}
     with running_operator(namespace):
         api.create_model("bad", bad)
         m = wait_for(lambda: condition(api.model("bad"), "Degraded").get("reason") == "InvalidSpec"
@@ -185,10 +197,10 @@ def test_invalid_spec_gets_a_condition_and_no_children(cluster, namespace):
         assert m["status"]["observedGeneration"] == 2
 
 
-def test_same_named_pod_of_someone_else_is_never_deleted(cluster, namespace):
+def test_same_named_pod_of_someone_else_is_never_deleted(cluster, namespace, tiny):
     api = Api(cluster, namespace)
     with running_operator(namespace):
-        api.create_model("tiny", SPEC)
+        api.create_model("tiny", tiny)
         first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
         assert first.metadata.name == "tiny-owner-0"
         wait_for(lambda: any(c["kind"] == "Pod" and c["uid"] == first.metadata.uid
@@ -212,10 +224,10 @@ def test_same_named_pod_of_someone_else_is_never_deleted(cluster, namespace):
     assert owner_pods(api, "tiny") == []
 
 
-def test_deleting_a_model_spares_a_same_named_successor_of_its_pod(cluster, namespace):
+def test_deleting_a_model_spares_a_same_named_successor_of_its_pod(cluster, namespace, tiny):
     api = Api(cluster, namespace)
     with running_operator(namespace):
-        api.create_model("tiny", SPEC)
+        api.create_model("tiny", tiny)
         first = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
         wait_for(lambda: any(c["kind"] == "Pod" and c["uid"] == first.metadata.uid
                              for c in (api.model("tiny").get("status") or {}).get("children") or []),
@@ -233,10 +245,10 @@ def test_deleting_a_model_spares_a_same_named_successor_of_its_pod(cluster, name
     assert survivor.metadata.uid == theirs.metadata.uid and not survivor.metadata.deletion_timestamp
 
 
-def test_orphans_labelled_for_the_model_are_swept(cluster, namespace):
+def test_orphans_labelled_for_the_model_are_swept(cluster, namespace, tiny):
     api = Api(cluster, namespace)
     with running_operator(namespace):
-        model = api.create_model("tiny", SPEC)
+        model = api.create_model("tiny", tiny)
         pod = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
         # left over from before a crash: labelled for this model, never recorded
         orphan = api.core.create_namespaced_secret(namespace, client.V1Secret(

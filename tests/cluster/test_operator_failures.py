@@ -1,0 +1,130 @@
+"""Failures the user must see, against a real kube-apiserver with the real operator (kopf).
+
+- First placement reads spec.bundle's manifest from its source before creating anything:
+  a missing source, a wrong digest and a source that is down make the model
+  ``Degraded`` (SourceUnavailable / DigestMismatch) with the source's own error and a
+  Warning Event within 10 s, and a source that comes back is picked up by itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from bundle.demo import make_demo
+from bundle.sources import push
+from bundle.sources.httpserve import BundleServer
+from localcluster.processes import free_port
+from resident_operator.metrics import REGISTRY
+
+from conftest_operator import Api, condition, running_operator, wait_for
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("failures")
+    one = make_demo(root / "one", 256 * 1024, seed=11).digest
+    two = make_demo(root / "two", 256 * 1024, seed=12).digest
+    return root, {"one": one, "two": two}
+
+
+class Served:
+    """A real bundle server (http layout) on 127.0.0.1 that a test can stop and start again."""
+
+    def __init__(self, root, port: int) -> None:
+        self.root, self.port, self.server = root, port, None
+
+    def start(self) -> "Served":
+        self.server = BundleServer(self.root, "127.0.0.1", self.port)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def degraded(api: Api, name: str, reason: str):
+    cond = condition(api.model(name), "Degraded")
+    return cond.get("status") == "True" and cond.get("reason") == reason and cond
+
+
+def nothing_created(api: Api, name: str) -> None:
+    assert api.pods(f"resident.dev/model={name}") == []
+    assert api.core.list_namespaced_secret(api.ns, label_selector=f"resident.dev/model={name}").items == []
+    assert not (api.model(name).get("status") or {}).get("children")
+
+
+def blocked_passes() -> float:
+    return REGISTRY.get_sample_value("resident_operator_reconciles_total", {"result": "blocked"}) or 0.0
+
+
+def test_missing_source_degrades_at_once_and_creates_nothing(cluster, namespace, bundles, tmp_path):
+    root, d = bundles
+    api = Api(cluster, namespace)
+    missing = tmp_path / "not-here"
+    with running_operator(namespace):
+        t0 = time.monotonic()
+        api.create_model("lm", {"bundle": {"source": f"file://{missing}", "digest": d["one"]}})
+        cond = wait_for(lambda: degraded(api, "lm", "SourceUnavailable"), timeout=10,
+                        what="Degraded/SourceUnavailable")
+        assert time.monotonic() - t0 < 10
+        assert str(missing) in cond["message"] and d["one"] in cond["message"]
+        assert api.model("lm")["status"]["phase"] == "Degraded"
+        event = wait_for(lambda: [e for e in api.events("lm") if e.reason == "SourceUnavailable"],
+                         timeout=10, what="a SourceUnavailable Event")[0]
+        assert event.type == "Warning" and str(missing) in event.message
+        nothing_created(api, "lm")
+
+
+def test_wrong_digest_is_a_digest_mismatch_until_the_spec_is_fixed(cluster, namespace, bundles):
+    root, d = bundles
+    api = Api(cluster, namespace)
+    source = f"file://{root / 'one'}"
+    with running_operator(namespace):
+        api.create_model("lm", {"bundle": {"source": source, "digest": d["two"]}})
+        cond = wait_for(lambda: degraded(api, "lm", "DigestMismatch"), timeout=10,
+                        what="Degraded/DigestMismatch")
+        assert "integrity mismatch" in cond["message"] and d["two"] in cond["message"]
+        event = wait_for(lambda: [e for e in api.events("lm") if e.reason == "DigestMismatch"],
+                         timeout=10, what="a DigestMismatch Event")[0]
+        assert event.type == "Warning"
+        nothing_created(api, "lm")
+        api.patch_spec("lm", {"bundle": {"source": source, "digest": d["one"]}})
+        wait_for(lambda: api.pods("resident.dev/model=lm"), timeout=10, what="an owner Pod after the fix")
+        m = wait_for(lambda: condition(api.model("lm"), "Degraded").get("status") == "False"
+                     and api.model("lm"), timeout=10, what="Degraded=False")
+        assert m["status"]["bundle"] == {"source": source, "digest": d["one"]}
+
+
+def test_a_source_that_comes_back_is_picked_up_with_backoff(cluster, namespace, bundles, tmp_path):
+    root, d = bundles
+    api = Api(cluster, namespace)
+    served = Served(tmp_path / "served", free_port()).start()
+    url = f"http://127.0.0.1:{served.port}/models/one"
+    push(root / "one", url)
+    served.stop()                                    # the source is down: connection refused
+    try:
+        with running_operator(namespace):
+            before = blocked_passes()
+            api.create_model("lm", {"bundle": {"source": url, "digest": d["one"]}})
+            cond = wait_for(lambda: degraded(api, "lm", "SourceUnavailable"), timeout=10,
+                            what="Degraded/SourceUnavailable")
+            assert f"127.0.0.1:{served.port}" in cond["message"]
+            nothing_created(api, "lm")
+            time.sleep(12)
+            # retried with backoff (about 0, 2, 4, 8 s), not in a loop
+            assert 2 <= blocked_passes() - before <= 6, blocked_passes() - before
+            served.start()
+            pod = wait_for(lambda: api.pods("resident.dev/model=lm"), timeout=25,
+                           what="the owner Pod once the source is back")[0]
+            assert next(v.csi for v in pod.spec.volumes if v.csi).volume_attributes["source"] == url
+            wait_for(lambda: condition(api.model("lm"), "Degraded").get("status") == "False",
+                     timeout=10, what="Degraded=False")
+            wait_for(lambda: "Recovered" in api.reasons("lm"), timeout=10, what="a Recovered Event")
+    finally:
+        served.stop()
