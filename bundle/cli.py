@@ -198,6 +198,11 @@ def cmd_make_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_demo(args: argparse.Namespace) -> int:
+    from .demo_server import serve_demo
+    return serve_demo(args)
+
+
 def cmd_materialize(args: argparse.Namespace) -> int:
     from .sources import open_source
     from .store import Store
@@ -283,6 +288,11 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--fraction", type=float, default=0.005, help="fraction of rows changed")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--chunk-size", type=parse_size, default=DEFAULT_CHUNK_SIZE)
+
+    sp = add("serve-demo", cmd_serve_demo, "generate the demo model, serve it over HTTP and print "
+             "the ResidentModel to apply (the README's first model)")
+    from .demo_server import add_arguments
+    add_arguments(sp, parse_size)
 
     sp = add("materialize", cmd_materialize,
              "fetch a bundle into a node content store (what the bridge does on publish)")

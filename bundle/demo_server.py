@@ -1,0 +1,125 @@
+"""``resident bundle serve-demo``: a first model to try Resident with, generated, served, described.
+
+A fresh installation has no bundle anywhere, so the README's first model needs one. This
+command generates the demo model (deterministic: the same size and seed always give the
+same digest), publishes it to a bundle server of its own (the http layout of
+``bundle.sources.httpserve``), and prints the ResidentModel that keeps it resident. With
+the defaults that is exactly ``examples/residentmodel.yaml``; a test keeps the two equal.
+
+It serves until Ctrl-C or SIGTERM, then removes what it generated (unless ``--dir`` named a
+directory to keep). It binds 127.0.0.1 by default, which is right where the operator and
+the bridge run with hostNetwork on the same machine (the project's local node). For a
+cluster, bind the node's address (``--host 0.0.0.0``) and say how the cluster reaches it
+(``--url http://NODE_IP:8700``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from . import demo
+from .manifest import MANIFEST_NAME
+from .scan import read_manifest
+from .sources import push
+from .sources.httpserve import BundleServer
+
+NAME = "tiny-lm"
+SIZE = 4 * 1024 * 1024
+SEED = 0
+PORT = 8700
+MODEL_YAML = """\
+# The README's first model: a {size} demo model on the cpu backend.
+# `resident bundle serve-demo` generates this bundle, serves it at the source below and
+# prints this file (its digest is the bundle's; the generator is deterministic).
+apiVersion: resident.dev/v1alpha1
+kind: ResidentModel
+metadata:
+  name: {name}
+spec:
+  accelerator: cpu
+  replicas: 1
+  bundle:
+    source: {source}
+    digest: {digest}
+  delivery:
+    mode: Auto
+    minReuse: 0.5
+  runtime:
+    backend: cpu
+    port: 8080
+  transition:
+    strategy: Auto
+"""
+
+
+def model_yaml(name: str, source: str, digest: str, size: int = SIZE) -> str:
+    """The ResidentModel that keeps the demo bundle ``digest`` at ``source`` resident."""
+    return MODEL_YAML.format(name=name, source=source, digest=digest, size=_size_text(size))
+
+
+def _size_text(size: int) -> str:
+    return f"{size // 2**20} MiB" if size % 2**20 == 0 else f"{size} B"
+
+
+def source_url(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/models/{name}"
+
+
+def generate(work: Path, name: str, size: int, seed: int) -> Path:
+    """The demo bundle in ``work/name``, generated unless an earlier run left it there."""
+    bundle = work / name
+    if not (bundle / MANIFEST_NAME).exists():
+        demo.make_demo(bundle, size, seed)
+    return bundle
+
+
+def add_arguments(sp: argparse.ArgumentParser, size_type=int) -> None:
+    sp.add_argument("--name", default=NAME, help=f"model name (default {NAME})")
+    sp.add_argument("--size", type=size_type, default=SIZE, help="weights size (default 4MiB)")
+    sp.add_argument("--seed", type=int, default=SEED, help="generator seed (default 0)")
+    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=PORT, help=f"TCP port (default {PORT}; 0 picks one)")
+    sp.add_argument("--url", default="", help="base URL the cluster reaches this server at "
+                                              "(default http://HOST:PORT)")
+    sp.add_argument("--dir", default="", help="keep the bundle and the served files here "
+                                              "(default: a temporary directory, removed on exit)")
+
+
+def serve_demo(args: argparse.Namespace) -> int:
+    if not args.url and args.host in ("0.0.0.0", "::", ""):
+        print(f"resident bundle serve-demo: error: with --host {args.host!r} give --url, the address "
+              "the cluster reaches this machine at", file=sys.stderr)
+        return 2
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="resident-demo-"))
+    server = BundleServer(work / "served", args.host, args.port)
+    thread = threading.Thread(target=server.serve_forever, name="bundle-server", daemon=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    thread.start()
+    try:
+        bundle = generate(work, args.name, args.size, args.seed)
+        port = server.server_address[1]
+        push(bundle, source_url(f"http://127.0.0.1:{port}", args.name))   # to ourselves
+        base = args.url or f"http://{args.host}:{port}"
+        print(model_yaml(args.name, source_url(base, args.name), read_manifest(bundle).digest,
+                         args.size), flush=True)
+        print(f"# serving {source_url(base, args.name)} from {work}; Ctrl-C stops it",
+              file=sys.stderr, flush=True)
+        try:
+            while not stop.wait(1.0):
+                pass
+        except KeyboardInterrupt:
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
