@@ -127,13 +127,14 @@ def processes():
     class Processes:
         started: list = []
 
-        def start(self, argv, env, log: Path, group: int | None = None):
+        def start(self, argv, env, log: Path, group: int | None = None, stdout=None):
             def drop_group():  # what the container's runAsGroup does
                 if group is not None:
                     os.setgid(group)
             with log.open("w") as out:
-                proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                        preexec_fn=drop_group)
+                proc = subprocess.Popen(argv, env=env, stdout=stdout or out,
+                                        stderr=subprocess.STDOUT if stdout is None else out,
+                                        preexec_fn=drop_group, text=stdout is not None)
             self.started.append(proc)
             return proc
 
@@ -191,8 +192,13 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     # kopf's liveness endpoint, as the chart's liveness probe calls it
     wait_for("kopf's /healthz", lambda: _ok(f"http://127.0.0.1:{fresh.ports['health']}/healthz"), proc=proc)
 
-    # a first ResidentModel: the README's example
-    model = yaml.safe_load((REPO / "examples" / "residentmodel.yaml").read_text())
+    # a first ResidentModel: the README's example, served by `resident bundle serve-demo`
+    # (on a free port here; the model it prints is the example with that port)
+    serve = processes.start(["resident", "bundle", "serve-demo", "--port", "0"], clean_env(),
+                            tmp_path / "serve-demo.log", stdout=subprocess.PIPE)
+    model = yaml.safe_load("".join(iter(lambda: serve.stdout.readline().strip("\n") + "\n", "\n")))
+    example = yaml.safe_load((REPO / "examples" / "residentmodel.yaml").read_text())
+    assert model["spec"]["bundle"]["digest"] == example["spec"]["bundle"]["digest"]
     name = model["metadata"]["name"]
     custom.create_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", model)
 
