@@ -6,13 +6,23 @@ object is not ours and is left alone). The finalizer ``resident.dev/cleanup`` is
 removed only when it returns no remaining child; BundleDeliveries stay until the bridge
 has released them (its own finalizer), Pods until kubelet has stopped them.
 
+``abandon_stuck_children`` makes deletion always finish: a child still there
+``delete_grace_seconds`` after it was asked to go (the bridge uninstalled, its node gone
+or down) is no longer waited for. A BundleDelivery loses the bridge's finalizer (only
+BundleDeliveries of this model, only that finalizer); an owner Pod is left to kubelet or
+the pod garbage collector. Each gets a Warning Event naming what may remain on which node.
+
 ``sweep_orphans`` deletes objects labelled for the model whose UID is not recorded, and
 ``prune_records`` forgets records of objects that went away on their own.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from . import children as ch
+from . import naming
 from .context import ModelContext
 from .model_state import ModelState
 
@@ -37,6 +47,54 @@ def delete_recorded_children(ctx: ModelContext, state: ModelState) -> list[ch.Ch
                 continue
         remaining.append(rec)
     return remaining
+
+
+def abandon_stuck_children(ctx: ModelContext, state: ModelState, remaining: list[ch.Child],
+                           grace_seconds: float) -> list[ch.Child]:
+    """Stop waiting for children asked to go more than ``grace_seconds`` ago; return the
+    records still waited for."""
+    waiting = []
+    for rec in remaining:
+        obj = ctx.kube.get(ctx.namespace, rec["kind"], rec["name"])
+        if obj is None or obj["metadata"].get("uid") != rec["uid"]:
+            state.forget_child(rec["uid"])
+            continue
+        if _seconds_deleting(obj, ctx.clock()) < grace_seconds:
+            waiting.append(rec)
+            continue
+        if rec["kind"] == "BundleDelivery" and not _release_delivery(ctx, obj, grace_seconds):
+            waiting.append(rec)   # changed meanwhile: look again next time
+            continue
+        if rec["kind"] == "Pod":
+            node = (obj.get("spec") or {}).get("nodeName") or "no node"
+            ctx.event("CleanupAbandoned", f"owner Pod {rec['name']} is still terminating on node "
+                      f"{node} {grace_seconds:.0f}s after its deletion; not waiting for it: kubelet "
+                      f"or the pod garbage collector removes it, and until then its container may "
+                      f"still run and hold its card on {node}", warning=True)
+        state.forget_child(rec["uid"])
+    return waiting
+
+
+def _release_delivery(ctx: ModelContext, obj: dict[str, Any], grace_seconds: float) -> bool:
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    if naming.BRIDGE_FINALIZER not in (meta.get("finalizers") or []):
+        return True
+    if not ctx.kube.remove_finalizer(ctx.namespace, obj, naming.BRIDGE_FINALIZER):
+        return False
+    node = spec.get("nodeName") or "no node"
+    digest = (spec.get("bundle") or {}).get("digest", "?")
+    ctx.event("CleanupAbandoned", f"the bridge did not release BundleDelivery {meta['name']} "
+              f"{grace_seconds:.0f}s after its deletion; removed its finalizer "
+              f"{naming.BRIDGE_FINALIZER}. Node {node} may still hold revision {digest} staged "
+              f"in its store, with a lease, until the bridge there runs again", warning=True)
+    return True
+
+
+def _seconds_deleting(obj: dict[str, Any], now: float) -> float:
+    stamp = obj["metadata"].get("deletionTimestamp")
+    if not stamp:
+        return 0.0
+    return now - datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp()
 
 
 def prune_records(ctx: ModelContext, state: ModelState) -> int:

@@ -31,7 +31,7 @@ import aiohttp
 import kopf
 
 from . import metrics, naming
-from .cleanup import delete_recorded_children
+from .cleanup import abandon_stuck_children, delete_recorded_children
 from .children import recorded_uids
 from .driver import ModelHandle, drive
 from .kube import Kube, load_config
@@ -217,7 +217,9 @@ def on_delete(memo: kopf.Memo, namespace: str, name: str, uid: str, **_: Any) ->
             return
         ctx.kube.patch_model_status(namespace, name, {"phase": "Terminating"})
         metrics.set_model_phase(f"{namespace}/{name}", "Terminating")
-        remaining = delete_recorded_children(ctx, state_of(ctx))
+        state = state_of(ctx)
+        remaining = abandon_stuck_children(ctx, state, delete_recorded_children(ctx, state),
+                                           rt.settings.delete_grace_seconds)
         if remaining:
             names = ", ".join(f"{r['kind']}/{r['name']}" for r in remaining[:5])
             raise kopf.TemporaryError(f"waiting for {len(remaining)} children to go: {names}", delay=1)

@@ -131,6 +131,21 @@ class Kube:
                 return "not-ours"
             raise
 
+    def remove_finalizer(self, namespace: str, obj: dict[str, Any], finalizer: str) -> bool:
+        """Take ``finalizer`` off a BundleDelivery as it was read (a resourceVersion
+        precondition: after a concurrent change this does nothing and returns False)."""
+        meta = obj["metadata"]
+        kept = [f for f in meta.get("finalizers") or [] if f != finalizer]
+        patch = {"metadata": {"finalizers": kept, "resourceVersion": meta["resourceVersion"]}}
+        try:
+            self.custom.patch_namespaced_custom_object(
+                naming.GROUP, naming.VERSION, namespace, naming.DELIVERY_PLURAL, meta["name"], patch)
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+
     def get_model(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self._json(self.custom.get_namespaced_custom_object(

@@ -22,6 +22,7 @@ MODEL_PLURAL = "residentmodels"
 DELIVERY_PLURAL = "bundledeliveries"
 CSI_DRIVER = "bundles.resident.dev"
 FINALIZER = "resident.dev/cleanup"
+BRIDGE_FINALIZER = "bundles.resident.dev/lease"   # the bridge's, on every BundleDelivery
 
 LABEL_MODEL = "resident.dev/model"
 LABEL_MODEL_UID = "resident.dev/model-uid"

@@ -37,6 +37,9 @@ class OperatorSettings(BaseModel):
     sweep_seconds: float = Field(default=60.0, gt=0, description=(
         "how often the cluster-wide sweep looks for labelled orphans"))
     readiness_period_seconds: int = Field(default=5, ge=1)
+    delete_grace_seconds: float = Field(default=300.0, gt=0, description=(
+        "how long a deleted model waits for the bridge to release a BundleDelivery (or for "
+        "kubelet to finish an owner Pod) before it stops waiting and says what may remain"))
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> OperatorSettings:

@@ -232,6 +232,8 @@ class PlayedNode:
         self.capacity = {"cpu": "8", "memory": "16Gi", "pods": "20", **(capacity or {})}
         self.stage_deliveries = threading.Event()   # clear it to hold BundleDeliveries
         self.stage_deliveries.set()
+        self.bridge_up = threading.Event()          # clear it to stop the played bridge
+        self.bridge_up.set()
         self.owners: dict[str, tuple[Owner, Any, threading.Thread]] = {}
         self.staged: list[str] = []
         self.errors: list[str] = []
@@ -295,7 +297,7 @@ class PlayedNode:
         pods = [p for p in self.api.pods() if p.spec.node_name == self.name]
         for pod in sorted(pods, key=lambda p: p.metadata.deletion_timestamp is None):
             self._sync_pod(pod)   # terminating Pods first: a successor may need the port
-        if self.bridge is None:
+        if self.bridge is None and self.bridge_up.is_set():
             for bd in self.api.deliveries():
                 if bd["spec"]["nodeName"] == self.name:
                     self._sync_delivery(bd)

@@ -4,6 +4,9 @@
   a missing source, a wrong digest and a source that is down make the model
   ``Degraded`` (SourceUnavailable / DigestMismatch) with the source's own error and a
   Warning Event within 10 s, and a source that comes back is picked up by itself.
+- Deletion always finishes: a BundleDelivery the bridge never releases loses the bridge's
+  finalizer after the grace period (``RESIDENT_DELETE_GRACE_SECONDS``), with a Warning
+  naming the delivery, its revision and its node.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from bundle.sources.httpserve import BundleServer
 from localcluster.processes import free_port
 from resident_operator.metrics import REGISTRY
 
-from conftest_operator import Api, condition, running_operator, wait_for
+from conftest_operator import LEASE_FINALIZER, Api, PlayedNode, condition, running_operator, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +131,32 @@ def test_a_source_that_comes_back_is_picked_up_with_backoff(cluster, namespace, 
             wait_for(lambda: "Recovered" in api.reasons("lm"), timeout=10, what="a Recovered Event")
     finally:
         served.stop()
+
+
+def test_deletion_finishes_when_the_bridge_never_releases_a_delivery(cluster, namespace, bundles, tmp_path):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    one, two = (f"file://{root / k}" for k in ("one", "two"))
+    with PlayedNode(cluster, namespace, tmp_path) as node, \
+            running_operator(namespace, RESIDENT_DELETE_GRACE_SECONDS="4"):
+        api.create_model("lm", {"bundle": {"source": one, "digest": d["one"]}, "runtime": {"port": port}})
+        wait_for(lambda: (api.model("lm").get("status") or {}).get("phase") == "Ready", what="Ready")
+        node.stage_deliveries.clear()                 # the delivery of "two" stays Staging...
+        api.patch_spec("lm", {"bundle": {"source": two, "digest": d["two"]}})
+        bd = wait_for(lambda: [b for b in api.deliveries()
+                               if LEASE_FINALIZER in b["metadata"].get("finalizers", [])],
+                      what="a delivery held by the bridge")[0]
+        node.bridge_up.clear()                        # ...and then the bridge is gone
+        t0 = time.monotonic()
+        api.delete_model("lm")
+        time.sleep(2)
+        assert api.model("lm") is not None            # within the grace, deletion waits
+        wait_for(lambda: api.model("lm") is None, timeout=20, what="the model to go after the grace")
+        assert time.monotonic() - t0 >= 4
+        assert api.deliveries() == [] and api.pods("resident.dev/model=lm") == []
+        event = wait_for(lambda: [e for e in api.events("lm") if e.reason == "CleanupAbandoned"],
+                         timeout=10, what="a CleanupAbandoned Event")[0]
+        assert event.type == "Warning"
+        assert bd["metadata"]["name"] in event.message and "node-a" in event.message
+        assert d["two"] in event.message
+    assert not node.errors, node.errors[-1]
