@@ -23,6 +23,7 @@ from .observe import OwnerView, owner_view
 from .transition import BROKEN_STATES
 from .owner_client import OwnerClient, OwnerUnreachable
 from .placement import build_owner_pod, build_token_secret, new_token
+from .pod_template import stamp
 from .spec import ModelSpec
 
 
@@ -86,7 +87,8 @@ def create_owner_pod(ctx: ModelContext, state: ModelState, spec: ModelSpec, slot
         state.bump_incarnation(slot)
     for _ in range(3):
         inc = state.incarnation(slot)
-        pod = build_owner_pod(ctx.name, ctx.uid, spec, ctx.settings, slot, inc, digest, source)
+        pod = stamp(build_owner_pod(ctx.name, ctx.uid, spec, ctx.settings, slot, inc, digest, source),
+                    ctx.name, spec, ctx.settings)
         got = create_child(ctx, state, pod)
         if got is not None:
             if got["metadata"].get("deletionTimestamp"):

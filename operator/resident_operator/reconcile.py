@@ -25,6 +25,7 @@ from .disruption import ensure_disruption_budget
 from .serving import ensure_service
 from .source_check import check_first_placement
 from .spec import SpecError, parse_spec, spec_problems
+from .template_roll import roll_pod_template
 
 OK, INVALID, GONE, BLOCKED = "ok", "invalid", "gone", "blocked"
 
@@ -69,6 +70,7 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     views = observe_owners(ctx, pods, spec)
     if state.transition is None:
         views = replace_broken_owners(ctx, state, spec, views)
+        views = roll_pod_template(ctx, state, spec, pods, views)
     blocker = step_transition(ctx, state, spec, views)
     derived = derive_status(replicas=spec.replicas, owners=views, problems=[],
                             transition=state.transition, last_transition=state.last_transition,

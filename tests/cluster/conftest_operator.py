@@ -218,7 +218,7 @@ class PlayedNode:
 
     def __init__(self, cluster, namespace: str, workdir: Path, name: str = "node-a",
                  backend: Callable[[], Any] = CpuBackend, capacity: dict[str, str] | None = None,
-                 real_bridge: bool = False):
+                 real_bridge: bool = False, ip: str = "127.0.0.1"):
         self.api = Api(cluster, namespace)
         self.cluster = cluster
         self.bridge = None
@@ -228,6 +228,7 @@ class PlayedNode:
             self.bridge = BridgeProcess(self.short / "b", node_id=name, authorize="api",
                                         extra_args=("--deliveries", "--kubeconfig", BRIDGE_KUBECONFIG))
         self.ns, self.name, self.workdir = namespace, name, Path(workdir)
+        self.ip = ip   # where this node's owners listen and its Pod IP (any 127.x address)
         self.backend = backend
         self.capacity = {"cpu": "8", "memory": "16Gi", "pods": "20", **(capacity or {})}
         self.stage_deliveries = threading.Event()   # clear it to hold BundleDeliveries
@@ -319,12 +320,12 @@ class PlayedNode:
             self._start_owner(pod)
         owner, server, _ = self.owners[uid]
         port = server.server_address[1]
-        ready = requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+        ready = requests.get(f"http://{self.ip}:{port}/readyz", timeout=5).status_code == 200
         was = {c.type: c.status for c in pod.status.conditions or []}.get("Ready")
         if pod.status.phase != "Running" or was != ("True" if ready else "False"):
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             self.api.core.patch_namespaced_pod_status(name, self.ns, {"status": {
-                "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                "phase": "Running", "podIP": self.ip, "podIPs": [{"ip": self.ip}],
                 "hostIP": "127.0.0.1", "startTime": now,
                 "conditions": [{"type": "Ready", "status": "True" if ready else "False",
                                 "lastTransitionTime": now}]}})
@@ -345,7 +346,7 @@ class PlayedNode:
         token = base64.b64decode(self.api.core.read_namespaced_secret(secret, self.ns).data["token"]).decode()
         port = pod.spec.containers[0].ports[0].container_port
         owner = Owner(vol, self.backend())
-        server = make_server(owner, token, "127.0.0.1", port)
+        server = make_server(owner, token, self.ip, port)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         self.owners[pod.metadata.uid] = (owner, server, thread)
