@@ -51,6 +51,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "operator.owner.timeoutSeconds": POSITIVE_SECONDS,
     "operator.resyncSeconds": POSITIVE_SECONDS,
     "operator.sweepSeconds": POSITIVE_SECONDS,
+    "operator.deleteGraceSeconds": POSITIVE_SECONDS,
     "operator.extraEnv": NAMED_ITEMS,
     "operator.watchNamespaces": {"items": {"type": "string", "minLength": 1}},
     "operator.owner.networkPolicy.namespaces": {"items": {"type": "string", "minLength": 1}},

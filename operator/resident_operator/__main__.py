@@ -39,6 +39,8 @@ Installation settings come from the environment:
   RESIDENT_RESYNC_SECONDS            safety resync of a settled model (default 300)
   RESIDENT_SWEEP_SECONDS             cluster-wide sweep of labelled orphans (default 60)
   RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)
+  RESIDENT_DELETE_GRACE_SECONDS      a deleted model stops waiting for a child this long
+                                     after the child's deletion (default 300)
 Kubernetes credentials: KUBECONFIG / ~/.kube/config, else the in-cluster service account.
 """
 
