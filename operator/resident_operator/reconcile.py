@@ -6,7 +6,9 @@ Handlers call it on create/update/resume and a timer calls it every
 ``RESIDENT_RESYNC_SECONDS``, always under the model's lock, so passes never interleave.
 
 An invalid spec stops the pass right after writing ``Degraded=True, reason InvalidSpec``:
-nothing is created, changed or deleted for that model.
+nothing is created, changed or deleted for that model. Before the first placement the
+source must hold ``spec.bundle`` (``source_check.py``); until it does, the pass writes
+``Degraded`` with the source's error and creates nothing either.
 """
 
 from __future__ import annotations
