@@ -91,35 +91,39 @@ def add_arguments(sp: argparse.ArgumentParser, size_type=int) -> None:
                                               "(default: a temporary directory, removed on exit)")
 
 
+def _publish(args: argparse.Namespace, work: Path, port: int) -> None:
+    """Generate the bundle, push it to our own server, print the ResidentModel."""
+    bundle = generate(work, args.name, args.size, args.seed)
+    push(bundle, source_url(f"http://127.0.0.1:{port}", args.name))
+    base = args.url or f"http://{args.host}:{port}"
+    print(model_yaml(args.name, source_url(base, args.name), read_manifest(bundle).digest,
+                     args.size), flush=True)
+    print(f"# serving {source_url(base, args.name)} from {work}; Ctrl-C stops it",
+          file=sys.stderr, flush=True)
+
+
 def serve_demo(args: argparse.Namespace) -> int:
     if not args.url and args.host in ("0.0.0.0", "::", ""):
         print(f"resident bundle serve-demo: error: with --host {args.host!r} give --url, the address "
               "the cluster reaches this machine at", file=sys.stderr)
         return 2
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="resident-demo-"))
-    server = BundleServer(work / "served", args.host, args.port)
-    thread = threading.Thread(target=server.serve_forever, name="bundle-server", daemon=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    thread.start()
     try:
-        bundle = generate(work, args.name, args.size, args.seed)
-        port = server.server_address[1]
-        push(bundle, source_url(f"http://127.0.0.1:{port}", args.name))   # to ourselves
-        base = args.url or f"http://{args.host}:{port}"
-        print(model_yaml(args.name, source_url(base, args.name), read_manifest(bundle).digest,
-                         args.size), flush=True)
-        print(f"# serving {source_url(base, args.name)} from {work}; Ctrl-C stops it",
-              file=sys.stderr, flush=True)
-        try:
-            while not stop.wait(1.0):
+        with BundleServer(work / "served", args.host, args.port) as server:   # binds first
+            thread = threading.Thread(target=server.serve_forever, name="bundle-server", daemon=True)
+            thread.start()
+            try:
+                _publish(args, work, server.server_address[1])
+                while not stop.wait(1.0):
+                    pass
+            except KeyboardInterrupt:
                 pass
-        except KeyboardInterrupt:
-            pass
+            finally:
+                server.shutdown()
+                thread.join(10)
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
     return 0

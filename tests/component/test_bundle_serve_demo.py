@@ -6,8 +6,10 @@ when it is not the default), serve that digest at that source, and leave nothing
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +66,15 @@ def test_a_wildcard_address_needs_the_url_the_cluster_uses(tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "give --url" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_busy_port_is_a_clear_error_and_leaves_nothing(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_cli.main())",
+                               "bundle", "serve-demo", "--port", str(port)], capture_output=True, text=True,
+                              timeout=30, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 1 and "Address already in use" in proc.stderr
+    assert list(tmp_path.iterdir()) == []          # its temporary directory is gone too
