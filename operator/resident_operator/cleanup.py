@@ -18,11 +18,11 @@ the pod garbage collector. Each gets a Warning Event naming what may remain on w
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from . import children as ch
 from . import naming
+from .conditions import seconds_since
 from .context import ModelContext
 from .model_state import ModelState
 
@@ -92,9 +92,7 @@ def _release_delivery(ctx: ModelContext, obj: dict[str, Any], grace_seconds: flo
 
 def _seconds_deleting(obj: dict[str, Any], now: float) -> float:
     stamp = obj["metadata"].get("deletionTimestamp")
-    if not stamp:
-        return 0.0
-    return now - datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    return seconds_since(stamp, now) if stamp else 0.0
 
 
 def prune_records(ctx: ModelContext, state: ModelState) -> int:

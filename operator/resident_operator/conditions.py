@@ -28,6 +28,12 @@ def rfc3339(now: datetime) -> str:
     return now.astimezone(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def seconds_since(stamp: str, now: float) -> float:
+    """Seconds from an RFC 3339 time the API server wrote (``...Z``) to ``now`` (epoch);
+    raises ValueError when ``stamp`` is not one."""
+    return now - datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+
+
 def condition(type_: str, status: bool | None, reason: str, message: str = "") -> dict[str, Any]:
     """A condition without times; ``status`` None means Unknown."""
     text = "Unknown" if status is None else ("True" if status else "False")

@@ -18,7 +18,6 @@ model's driver retries later (:func:`retry_after`), never in a loop inside a pas
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from bundle.errors import BundleError, IntegrityMismatch
@@ -69,10 +68,10 @@ def retry_after(conditions: list[dict[str, Any]] | None, now: float) -> float:
     if degraded.get("status") != "True" or degraded.get("reason") not in SOURCE_REASONS:
         return FIRST_RETRY_SECONDS
     try:
-        since = datetime.strptime(degraded["lastTransitionTime"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        age = c.seconds_since(degraded["lastTransitionTime"], now)
     except (KeyError, TypeError, ValueError):
         return FIRST_RETRY_SECONDS
-    return min(MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, now - since))
+    return min(MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, age))
 
 
 def check_first_placement(ctx: ModelContext, state: ModelState, spec: ModelSpec) -> Blocker | None:
