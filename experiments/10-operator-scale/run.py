@@ -111,13 +111,19 @@ def apiserver_requests(cp) -> float:
                if line.startswith("apiserver_request_total{"))
 
 
-def model(name: str) -> dict:
+def model(name: str, bundle: dict) -> dict:
     return {"apiVersion": "resident.dev/v1alpha1", "kind": "ResidentModel", "metadata": {"name": name},
-            "spec": {"bundle": {"source": "file:///srv/bundles/none",
-                                "digest": "sha256:" + "ab" * 32}}}
+            "spec": {"bundle": bundle}}
 
 
-def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int) -> dict:
+def tiny_bundle(work: Path) -> dict:
+    """A real (tiny) bundle: the operator reads its manifest before it places a model."""
+    from bundle.demo import make_demo
+    return {"source": f"file://{work / 'bundle'}",
+            "digest": make_demo(work / "bundle", 256 * 1024, seed=1).digest}
+
+
+def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, bundle: dict) -> dict:
     from kubernetes import client
 
     api = cp.api_client()
@@ -139,7 +145,7 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int) 
         time.sleep(3)   # kopf is up and watching an empty namespace
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: custom.create_namespaced_custom_object(
-                "resident.dev", "v1alpha1", ns, "residentmodels", model(f"m{i:04d}")), range(models)))
+                "resident.dev", "v1alpha1", ns, "residentmodels", model(f"m{i:04d}", bundle)), range(models)))
         applied = time.monotonic()
         while True:
             items = custom.list_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels")["items"]
@@ -195,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                           extra_users={USER: "system:masters"}) as cp:
             cp.install_crds()
             counter = iter(range(1000))
+            bundle = tiny_bundle(work)
             samples = benchkit.run_rounds(args.rounds, {
-                arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter)))
+                arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter),
+                                                bundle))
                 for arm in ARMS})
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
