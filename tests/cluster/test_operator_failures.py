@@ -147,6 +147,7 @@ def test_deletion_finishes_when_the_bridge_never_releases_a_delivery(cluster, na
                                if LEASE_FINALIZER in b["metadata"].get("finalizers", [])],
                       what="a delivery held by the bridge")[0]
         node.bridge_up.clear()                        # ...and then the bridge is gone
+        time.sleep(0.5)                               # (a sync already under way has ended)
         t0 = time.monotonic()
         api.delete_model("lm")
         time.sleep(2)
