@@ -12,7 +12,7 @@ every way this can fail into one of two reasons the user sees in ``Degraded``:
   http or oci layout answers 404), or its manifest cannot be parsed.
 
 The message carries the source's own error. A network source is given a short retry
-budget (two attempts, a 3 s connect timeout), so the verdict arrives within seconds; the
+budget (two attempts, 3 s connect and read timeouts), so the verdict arrives within 7 s; the
 model's driver retries later (:func:`retry_after`), never in a loop inside a pass.
 """
 
@@ -32,7 +32,7 @@ from .spec import ModelSpec
 
 SOURCE_REASONS = ("SourceUnavailable", "DigestMismatch")
 QUICK = RetryPolicy(attempts=2, backoff_seconds=0.5, connect_timeout_seconds=3.0,
-                    read_timeout_seconds=5.0)
+                    read_timeout_seconds=3.0)
 FIRST_RETRY_SECONDS = 2.0
 MAX_RETRY_SECONDS = 60.0
 

@@ -3,7 +3,8 @@
 - First placement reads spec.bundle's manifest from its source before creating anything:
   a missing source, a wrong digest and a source that is down make the model
   ``Degraded`` (SourceUnavailable / DigestMismatch) with the source's own error and a
-  Warning Event within 10 s, and a source that comes back is picked up by itself.
+  Warning Event within 10 s (a server that never answers too), and a source that comes
+  back is picked up by itself.
 - Deletion always finishes: a BundleDelivery the bridge never releases loses the bridge's
   finalizer after the grace period (``RESIDENT_DELETE_GRACE_SECONDS``), with a Warning
   naming the delivery, its revision and its node.
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -82,6 +84,22 @@ def test_missing_source_degrades_at_once_and_creates_nothing(cluster, namespace,
                          timeout=10, what="a SourceUnavailable Event")[0]
         assert event.type == "Warning" and str(missing) in event.message
         nothing_created(api, "lm")
+
+
+def test_a_source_that_never_answers_is_reported_within_ten_seconds(cluster, namespace, bundles):
+    root, d = bundles
+    api = Api(cluster, namespace)
+    with socket.socket() as silent:               # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/models/one"
+        with running_operator(namespace):
+            t0 = time.monotonic()
+            api.create_model("lm", {"bundle": {"source": url, "digest": d["one"]}})
+            cond = wait_for(lambda: degraded(api, "lm", "SourceUnavailable"), timeout=10,
+                            what="Degraded/SourceUnavailable")
+            assert time.monotonic() - t0 < 10 and "timed out" in cond["message"].lower()
+            nothing_created(api, "lm")
 
 
 def test_wrong_digest_is_a_digest_mismatch_until_the_spec_is_fixed(cluster, namespace, bundles):
