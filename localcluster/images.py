@@ -129,9 +129,7 @@ def _base_layer(repo: Path, cache: Path) -> tuple[Layer, dict]:
         rootfs_tar = Path(tmp) / "rootfs.tar"
         facts = build_rootfs_tar(rootfs_tar, python_requirements(repo / "pyproject.toml"), _pip())
         layer = pack_layer(rootfs_tar, cache / f"base-{key}.tar.gz")
-    tmp_meta = meta.with_suffix(".json.partial")
-    tmp_meta.write_text(json.dumps({"layer": layer.to_json(), "facts": facts}, indent=1))
-    tmp_meta.rename(meta)
+    _write_meta(meta, {"layer": layer.to_json(), "facts": facts})
     log.info("built base layer", extra={"key": key, "bytes": layer.size, "seconds": round(time.monotonic() - began, 1)})
     return layer, facts
 
@@ -173,8 +171,8 @@ def project_key(repo: Path = REPO) -> str:
 def _app_layer(repo: Path, cache: Path, key: str, facts: dict) -> Layer:
     """The project's wheel as a layer (cached per project key)."""
     meta = cache / f"app-{key}.json"
-    if meta.exists():
-        return Layer.from_json(json.loads(meta.read_text()))
+    if cached := _cached_layer(meta):
+        return cached
     with tempfile.TemporaryDirectory(prefix="resident-app-", dir=cache) as tmp:
         wheel = build_wheel(repo, project_files(repo), Path(tmp) / "wheel", _pip())
         app_tar = Path(tmp) / "app.tar"
@@ -184,6 +182,14 @@ def _app_layer(repo: Path, cache: Path, key: str, facts: dict) -> Layer:
         app = pack_layer(app_tar, cache / f"app-{key}.tar.gz")
     _write_meta(meta, app.to_json())
     return app
+
+
+def _cached_layer(meta: Path) -> Layer | None:
+    """The layer ``meta`` describes, if both are still in the cache."""
+    if not meta.exists():
+        return None
+    layer = Layer.from_json(json.loads(meta.read_text()))
+    return layer if layer.path.exists() else None
 
 
 def _write_meta(meta: Path, doc: dict) -> None:
@@ -229,8 +235,8 @@ def torch_key(repo: Path = REPO) -> str:
 def _torch_layer(repo: Path, cache: Path, facts: dict) -> Layer:
     key = torch_key(repo)
     meta = cache / f"torch-{key}.json"
-    if meta.exists():
-        return Layer.from_json(json.loads(meta.read_text()))
+    if cached := _cached_layer(meta):
+        return cached
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="resident-torch-", dir=cache) as tmp:
         layer_tar = Path(tmp) / "torch.tar"
