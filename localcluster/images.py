@@ -206,11 +206,10 @@ def _project_config() -> ContainerConfig:
                            entrypoint=["resident"], cmd=["--help"], user=f"{USER_ID}:{USER_ID}")
 
 
-def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Path]:
-    """The project image: (name, layout tarball). Rebuilt only when the tree changed."""
-    cache = cache or images_dir()
-    key = project_key(repo)
-    name, out = f"resident.local/resident:{key}", cache / f"resident-{key}.oci.tar"
+def _image(cache: Path, kind: str, key: str, build) -> tuple[str, Path]:
+    """``resident.local/<kind>:<key>`` and its layout tarball; ``build(name, out)`` writes it
+    under the build lock unless the cache has it."""
+    name, out = f"resident.local/{kind}:{key}", cache / f"{kind}-{key}.oci.tar"
     if out.exists():
         return name, out
     apt_install(IMAGE_PACKAGES)
@@ -218,12 +217,21 @@ def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Pa
         if out.exists():
             return name, out
         began = time.monotonic()
-        base, facts = _base_layer(repo, cache)
-        app = _app_layer(repo, cache, key, facts)
-        write_image_layout(out, name, [base, app], _project_config())
-        _prune(cache, keep={key}, keep_base=base_key(repo))
-    log.info("built project image", extra={"image": name, "seconds": round(time.monotonic() - began, 1)})
+        build(name, out)
+    log.info("built image", extra={"image": name, "seconds": round(time.monotonic() - began, 1)})
     return name, out
+
+
+def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Path]:
+    """The project image: (name, layout tarball). Rebuilt only when the tree changed."""
+    cache = cache or images_dir()
+    key = project_key(repo)
+
+    def build(name: str, out: Path) -> None:
+        base, facts = _base_layer(repo, cache)
+        write_image_layout(out, name, [base, _app_layer(repo, cache, key, facts)], _project_config())
+        _prune(cache, keep={key}, keep_base=base_key(repo))
+    return _image(cache, "resident", key, build)
 
 
 # -- owner-torch -----------------------------------------------------------------------
@@ -255,22 +263,14 @@ def owner_torch_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str
     its own, so it never evicts the base layers the project image needs."""
     cache = cache or images_dir()
     key = _key(RECIPE, project_key(repo), torch_key(repo))
-    name, out = f"resident.local/owner-torch:{key}", cache / f"owner-torch-{key}.oci.tar"
-    if out.exists():
-        return name, out
-    apt_install(IMAGE_PACKAGES)
-    with _build_lock(cache):
-        if out.exists():
-            return name, out
-        began = time.monotonic()
+
+    def build(name: str, out: Path) -> None:
         base, facts = _base_layer(repo, cache)
         app = _app_layer(repo, cache, project_key(repo), facts)
-        torch = _torch_layer(repo, cache, facts)
-        write_image_layout(out, name, [base, torch, app], _project_config())
+        write_image_layout(out, name, [base, _torch_layer(repo, cache, facts), app], _project_config())
         _prune_images(cache, "owner-torch", (), {key}, KEEP_TORCH_IMAGES)
         _prune_layers(cache, "torch", torch_key(repo), KEEP_TORCH_IMAGES)
-    log.info("built owner-torch image", extra={"image": name, "seconds": round(time.monotonic() - began, 1)})
-    return name, out
+    return _image(cache, "owner-torch", key, build)
 
 
 def cached_image_names(cache: Path | None = None) -> set[str]:
