@@ -263,6 +263,7 @@ def owner_torch_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str
     its own, so it never evicts the base layers the project image needs."""
     cache = cache or images_dir()
     key = _key(RECIPE, project_key(repo), torch_key(repo))
+    project_image(repo, cache)   # its app layer is shared, and pruned with the project image
 
     def build(name: str, out: Path) -> None:
         base, facts = _base_layer(repo, cache)
