@@ -1,6 +1,6 @@
 """Images for the local cluster, with no registry: built here, cached by content, imported.
 
-Two images, each an OCI image-layout tarball (:mod:`localcluster.oci_layout`) that
+Images, each an OCI image-layout tarball (:mod:`localcluster.oci_layout`) that
 :meth:`localcluster.node.LocalCluster.import_image` hands to ``ctr images import``:
 
 - **pause** (``resident.local/pause:<hash>``): the Pod sandbox. One layer with Debian's
@@ -11,6 +11,11 @@ Two images, each an OCI image-layout tarball (:mod:`localcluster.oci_layout`) th
   dpkg filters and the dependency list), and the project's wheel
   (:mod:`localcluster.wheel_layer`, keyed by the tree digest). A changed tree rebuilds
   only the small second layer; an unchanged tree rebuilds nothing.
+- **owner-torch** (``resident.local/owner-torch:<hash>``), built only when asked for: the
+  project image with the ``torch`` extra in a layer between base and wheel
+  (:mod:`localcluster.torch_layer`, keyed by the base and the extra's requirements), for
+  owners with ``runtime.backend: torch``. Its layers and images are pruned apart from the
+  project's, so building it never evicts a base layer.
 
 Everything lives under ``<cache>/images`` (``/var/cache/resident/images``), written to
 temporary names and renamed into place, and built under a file lock so two test sessions
@@ -36,6 +41,7 @@ from pathlib import Path
 from .binaries import apt_install, cache_root
 from .oci_layout import ContainerConfig, Layer, pack_layer, write_image_layout
 from .rootfs import DEBIAN_PACKAGES, DPKG_OPTIONS, MIRROR, SUITE, USER_ID, VENV, build_rootfs_tar, python_requirements
+from .torch_layer import build_torch_layer_tar, torch_requirements
 from .wheel_layer import build_wheel, project_files, tree_digest, wheel_layer_tar
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,8 @@ BUSYBOX_APPLETS = ("sh", "sleep", "cat", "ls", "echo", "true", "false", "env", "
 PAUSE_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 IMAGE_PACKAGES = ("mmdebstrap", "busybox-static", "git")
 KEEP_PROJECT_IMAGES = 3
+KEEP_TORCH_IMAGES = 2   # owner-torch images and torch layers, each counted apart from the above
+IMAGE_KINDS = ("pause", "resident", "owner-torch")
 PROJECT_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -121,28 +129,38 @@ def _base_layer(repo: Path, cache: Path) -> tuple[Layer, dict]:
         rootfs_tar = Path(tmp) / "rootfs.tar"
         facts = build_rootfs_tar(rootfs_tar, python_requirements(repo / "pyproject.toml"), _pip())
         layer = pack_layer(rootfs_tar, cache / f"base-{key}.tar.gz")
-    tmp_meta = meta.with_suffix(".json.partial")
-    tmp_meta.write_text(json.dumps({"layer": layer.to_json(), "facts": facts}, indent=1))
-    tmp_meta.rename(meta)
+    _write_meta(meta, {"layer": layer.to_json(), "facts": facts})
     log.info("built base layer", extra={"key": key, "bytes": layer.size, "seconds": round(time.monotonic() - began, 1)})
     return layer, facts
 
 
 def _prune(cache: Path, keep: set[str], keep_base: str) -> None:
     """Keep the newest project images (and their layers) and base layers; delete older ones."""
-    bases = sorted(cache.glob("base-*.tar.gz"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in bases[2:]:
-        key = old.name[len("base-"):-len(".tar.gz")]
-        if key != keep_base:
+    _prune_layers(cache, "base", keep_base, 2)
+    _prune_images(cache, "resident", ("app",), keep, KEEP_PROJECT_IMAGES)
+
+
+def _prune_layers(cache: Path, kind: str, keep: str, count: int) -> None:
+    """Keep the ``count`` newest ``<kind>-<key>.tar.gz`` layers (and their .json), and ``keep``."""
+    layers = sorted(cache.glob(f"{kind}-*.tar.gz"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in layers[count:]:
+        key = old.name[len(kind) + 1:-len(".tar.gz")]
+        if key != keep:
             old.unlink(missing_ok=True)
-            (cache / f"base-{key}.json").unlink(missing_ok=True)
-    layouts = sorted(cache.glob("resident-*.oci.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in layouts[KEEP_PROJECT_IMAGES:]:
-        key = old.name[len("resident-"):-len(".oci.tar")]
+            (cache / f"{kind}-{key}.json").unlink(missing_ok=True)
+
+
+def _prune_images(cache: Path, kind: str, layers: tuple[str, ...], keep: set[str], count: int) -> None:
+    """Keep the ``count`` newest ``<kind>-<key>.oci.tar`` (and their ``<layer>-<key>`` files)."""
+    layouts = sorted(cache.glob(f"{kind}-*.oci.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in layouts[count:]:
+        key = old.name[len(kind) + 1:-len(".oci.tar")]
         if key in keep:
             continue
-        for path in (old, cache / f"app-{key}.tar.gz"):
-            path.unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
+        for layer in layers:
+            for suffix in (".tar.gz", ".json"):
+                (cache / f"{layer}-{key}{suffix}").unlink(missing_ok=True)
 
 
 def project_key(repo: Path = REPO) -> str:
@@ -150,11 +168,48 @@ def project_key(repo: Path = REPO) -> str:
     return _key(RECIPE, base_key(repo), tree_digest(repo, project_files(repo)))
 
 
-def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Path]:
-    """The project image: (name, layout tarball). Rebuilt only when the tree changed."""
-    cache = cache or images_dir()
-    key = project_key(repo)
-    name, out = f"resident.local/resident:{key}", cache / f"resident-{key}.oci.tar"
+def _app_layer(repo: Path, cache: Path, key: str, facts: dict) -> Layer:
+    """The project's wheel as a layer (cached per project key)."""
+    meta = cache / f"app-{key}.json"
+    if cached := _cached_layer(meta):
+        return cached
+    with tempfile.TemporaryDirectory(prefix="resident-app-", dir=cache) as tmp:
+        wheel = build_wheel(repo, project_files(repo), Path(tmp) / "wheel", _pip())
+        app_tar = Path(tmp) / "app.tar"
+        scripts = wheel_layer_tar(wheel, VENV, facts["purelib"], app_tar)
+        if "resident" not in scripts:
+            raise RuntimeError(f"the project wheel {wheel.name} has no 'resident' console script ({scripts})")
+        app = pack_layer(app_tar, cache / f"app-{key}.tar.gz")
+    _write_meta(meta, app.to_json())
+    return app
+
+
+def _cached_layer(meta: Path) -> Layer | None:
+    """The layer ``meta`` describes, if both are still in the cache."""
+    if not meta.exists():
+        return None
+    layer = Layer.from_json(json.loads(meta.read_text()))
+    return layer if layer.path.exists() else None
+
+
+def _write_meta(meta: Path, doc: dict) -> None:
+    partial = meta.with_suffix(".json.partial")
+    partial.write_text(json.dumps(doc, indent=1))
+    partial.rename(meta)
+
+
+def _project_config() -> ContainerConfig:
+    # like docker/Dockerfile's `resident` and `owner` targets: the chart passes only args,
+    # and the default user is the non-root `resident` (owner Pods set runAsNonRoot; the
+    # chart runs the bridge as root explicitly)
+    return ContainerConfig(env=[f"PATH={PROJECT_PATH}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
+                           entrypoint=["resident"], cmd=["--help"], user=f"{USER_ID}:{USER_ID}")
+
+
+def _image(cache: Path, kind: str, key: str, build) -> tuple[str, Path]:
+    """``resident.local/<kind>:<key>`` and its layout tarball; ``build(name, out)`` writes it
+    under the build lock unless the cache has it."""
+    name, out = f"resident.local/{kind}:{key}", cache / f"{kind}-{key}.oci.tar"
     if out.exists():
         return name, out
     apt_install(IMAGE_PACKAGES)
@@ -162,31 +217,68 @@ def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Pa
         if out.exists():
             return name, out
         began = time.monotonic()
-        files = project_files(repo)
-        base, facts = _base_layer(repo, cache)
-        with tempfile.TemporaryDirectory(prefix="resident-app-", dir=cache) as tmp:
-            wheel = build_wheel(repo, files, Path(tmp) / "wheel", _pip())
-            app_tar = Path(tmp) / "app.tar"
-            scripts = wheel_layer_tar(wheel, VENV, facts["purelib"], app_tar)
-            if "resident" not in scripts:
-                raise RuntimeError(f"the project wheel {wheel.name} has no 'resident' console script ({scripts})")
-            app = pack_layer(app_tar, cache / f"app-{key}.tar.gz")
-        # like docker/Dockerfile's `resident` and `owner` targets: the chart passes only args,
-        # and the default user is the non-root `resident` (owner Pods set runAsNonRoot; the
-        # chart runs the bridge as root explicitly)
-        config = ContainerConfig(env=[f"PATH={PROJECT_PATH}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
-                                 entrypoint=["resident"], cmd=["--help"], user=f"{USER_ID}:{USER_ID}")
-        write_image_layout(out, name, [base, app], config)
-        _prune(cache, keep={key}, keep_base=base_key(repo))
-    log.info("built project image", extra={"image": name, "seconds": round(time.monotonic() - began, 1)})
+        build(name, out)
+    log.info("built image", extra={"image": name, "seconds": round(time.monotonic() - began, 1)})
     return name, out
+
+
+def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Path]:
+    """The project image: (name, layout tarball). Rebuilt only when the tree changed."""
+    cache = cache or images_dir()
+    key = project_key(repo)
+
+    def build(name: str, out: Path) -> None:
+        base, facts = _base_layer(repo, cache)
+        write_image_layout(out, name, [base, _app_layer(repo, cache, key, facts)], _project_config())
+        _prune(cache, keep={key}, keep_base=base_key(repo))
+    return _image(cache, "resident", key, build)
+
+
+# -- owner-torch -----------------------------------------------------------------------
+def torch_key(repo: Path = REPO) -> str:
+    """The torch layer's key: the base it sits on and the torch extra's requirements."""
+    return _key(RECIPE, base_key(repo), torch_requirements(repo / "pyproject.toml"))
+
+
+def _torch_layer(repo: Path, cache: Path, facts: dict) -> Layer:
+    key = torch_key(repo)
+    meta = cache / f"torch-{key}.json"
+    if cached := _cached_layer(meta):
+        return cached
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="resident-torch-", dir=cache) as tmp:
+        layer_tar = Path(tmp) / "torch.tar"
+        build_torch_layer_tar(layer_tar, torch_requirements(repo / "pyproject.toml"), facts["freeze"],
+                              facts["purelib"], _pip())
+        # level 1: the layer is mostly compiled code that never leaves this machine
+        layer = pack_layer(layer_tar, cache / f"torch-{key}.tar.gz", compresslevel=1)
+    _write_meta(meta, layer.to_json())
+    log.info("built torch layer", extra={"key": key, "bytes": layer.size, "seconds": round(time.monotonic() - began, 1)})
+    return layer
+
+
+def owner_torch_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Path]:
+    """The project image plus the torch extra, for owners with ``runtime.backend: torch``:
+    (name, layout tarball). Built only when asked for; its torch layer has a cache slot of
+    its own, so it never evicts the base layers the project image needs."""
+    cache = cache or images_dir()
+    key = _key(RECIPE, project_key(repo), torch_key(repo))
+    project_image(repo, cache)   # its app layer is shared, and pruned with the project image
+
+    def build(name: str, out: Path) -> None:
+        base, facts = _base_layer(repo, cache)
+        app = _app_layer(repo, cache, project_key(repo), facts)
+        write_image_layout(out, name, [base, _torch_layer(repo, cache, facts), app], _project_config())
+        _prune_images(cache, "owner-torch", (), {key}, KEEP_TORCH_IMAGES)
+        _prune_layers(cache, "torch", torch_key(repo), KEEP_TORCH_IMAGES)
+    return _image(cache, "owner-torch", key, build)
 
 
 def cached_image_names(cache: Path | None = None) -> set[str]:
     """Names of the images whose tarballs the cache still holds (older ones were pruned)."""
     cache = cache or images_dir()
     names = set()
-    for kind in ("pause", "resident"):
+    for kind in IMAGE_KINDS:
         for path in cache.glob(f"{kind}-*.oci.tar"):
             names.add(f"resident.local/{kind}:{path.name[len(kind) + 1:-len('.oci.tar')]}")
     return names
@@ -206,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m localcluster.images", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clear", action="store_true", help="delete the image cache first (forces a cold build)")
-    parser.add_argument("--only", choices=("pause", "project"), help="build just one of the two images")
+    parser.add_argument("--only", choices=("pause", "project", "owner-torch"),
+                        help="build just this image (owner-torch, the project image plus the torch extra"
+                             " for the torch backend, is built only when named here)")
     args = parser.parse_args(argv)
     from bundle.jsonlog import configure
     from tqdm import tqdm
@@ -214,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     configure(logging.INFO)
     if args.clear:
         clear_cache()
-    steps = [s for s in (("pause", pause_image), ("project", project_image)) if args.only in (None, s[0])]
+    builds = {"pause": pause_image, "project": project_image, "owner-torch": owner_torch_image}
+    steps = [(args.only, builds[args.only])] if args.only else [("pause", pause_image), ("project", project_image)]
     report = {}
     for label, build in tqdm(steps, desc="images", unit="image"):
         began = time.monotonic()

@@ -53,12 +53,14 @@ def python_requirements(pyproject: Path) -> list[str]:
     return sorted(deps)
 
 
-def download_wheelhouse(requirements: list[str], dest: Path, pip: Path) -> None:
-    """Binary wheels for ``requirements`` and all their dependencies (this CPython, amd64)."""
+def download_wheelhouse(requirements: list[str], dest: Path, pip: Path, constraints: Path | None = None) -> None:
+    """Binary wheels for ``requirements`` and all their dependencies (this CPython, amd64),
+    within ``constraints`` (a pip constraints file) if given."""
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "requirements.txt").write_text("\n".join(requirements) + "\n")
-    _run([str(pip), "download", "-q", "--only-binary=:all:", "-d", str(dest), "-r", str(dest / "requirements.txt")],
-         "downloading the Python dependencies")
+    limit = ["-c", str(constraints)] if constraints else []
+    _run([str(pip), "download", "-q", "--only-binary=:all:", "-d", str(dest), "-r", str(dest / "requirements.txt"),
+          *limit], "downloading the Python dependencies")
 
 
 def build_rootfs_tar(out_tar: Path, requirements: list[str], pip: Path) -> dict:

@@ -54,6 +54,21 @@ def make_bundles(work: Path, size_bytes: int) -> tuple[Revisions, dict[str, Path
     return Revisions(**digests), dirs
 
 
+def make_hf_bundles(work: Path, size_bytes: int, fraction: float = 0.05) -> tuple[dict[str, str], dict[str, Path]]:
+    """For the torch backend: a tiny Llama-style Hugging Face checkpoint A, B with ``fraction``
+    of A's rows changed (in place), C with B's config.json changed (a new module: reload).
+    Returns (digests, dirs) by letter."""
+    from bundle.hf_demo import make_hf_demo, make_hf_revision
+    from bundle.scan import read_manifest
+
+    dirs = {k: work / f"hf-{k}" for k in "abc"}
+    if not (dirs["c"] / "resident-manifest.json").exists():
+        make_hf_demo(dirs["a"], size_bytes, seed=5, chunk_size=CHUNK)
+        make_hf_revision(dirs["a"], dirs["b"], "rows", fraction=fraction, seed=8, chunk_size=CHUNK)
+        make_hf_revision(dirs["b"], dirs["c"], "graph", chunk_size=CHUNK)
+    return {k: read_manifest(d).digest for k, d in dirs.items()}, dirs
+
+
 class BundleServer:
     """``python -m bundle.sources.httpserve`` on 127.0.0.1, stopped by PID. With ``rate``
     (bytes per second) it is a slow source: the fault tests use one so that a transition
@@ -90,13 +105,15 @@ class BundleServer:
         return push(bundle_dir, self.url)
 
 
-def model_body(name: str, source: str, digest: str, port: int = 8080) -> dict:
+def model_body(name: str, source: str, digest: str, port: int = 8080, image: str | None = None) -> dict:
+    """A ResidentModel on ``digest``: the cpu backend, or the torch backend in ``image``."""
+    runtime = {"backend": "torch", "image": image} if image else {"backend": "cpu"}
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResidentModel",
         "metadata": {"name": name},
         "spec": {"accelerator": "cpu", "replicas": 1,
                  "bundle": {"source": source, "digest": digest},
-                 "runtime": {"backend": "cpu", "port": port},
+                 "runtime": {**runtime, "port": port},
                  "transition": {"timeoutSeconds": 300}},
     }
 

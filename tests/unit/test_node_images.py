@@ -192,3 +192,53 @@ def test_project_tree_and_requirements_errors_are_clear(tmp_path):
         python_requirements(bad)
     bad.write_text("[project]\ndependencies = ['b>=1', 'a']\n")
     assert python_requirements(bad) == ["a", "b>=1"]
+
+
+def test_torch_layer_takes_only_what_the_base_lacks_and_refuses_gpu_builds(tmp_path):
+    from localcluster.rootfs import RootfsError
+    from localcluster.torch_layer import new_wheels, torch_requirements
+
+    def wheelhouse(*names):
+        d = tmp_path / f"w{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        for n in names:
+            (d / n).touch()
+        return d
+
+    base = ["numpy==2.4.6", "PyYAML==6.0.4", "typing_extensions==4.16.0"]
+    cpu = wheelhouse("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "numpy-2.4.6-cp311-x.whl",
+                     "pyyaml-6.0.4-cp311-x.whl", "typing_extensions-4.16.0-py3-none-any.whl",
+                     "transformers-5.24.0-py3-none-any.whl")
+    assert [w.name.split("-")[0] for w in new_wheels(cpu, base)] == ["torch", "transformers"]
+    for gpu in ("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl", "nvidia_cublas_cu12-12.8-py3-none-x.whl"):
+        with pytest.raises(RootfsError, match="GPU builds"):
+            new_wheels(wheelhouse("torch-2.13.0+cpu-cp311-x.whl", gpu), base)
+    with pytest.raises(RootfsError, match="no torch wheel"):
+        new_wheels(wheelhouse("transformers-5.24.0-py3-none-any.whl"), base)
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("[project]\nname = 'x'\n")
+    with pytest.raises(RootfsError, match="no \\[project.optional-dependencies\\] torch"):
+        torch_requirements(pyproject)
+    pyproject.write_text("[project.optional-dependencies]\ntorch = ['torch==2.13.0', 'a']\n")
+    assert torch_requirements(pyproject) == ["a", "torch==2.13.0"]
+
+
+def test_torch_layers_and_images_are_pruned_apart_from_the_project_cache(tmp_path):
+    import os
+
+    from localcluster.images import _prune, _prune_layers, cached_image_names
+
+    names = ["base-b1.tar.gz", "base-b2.tar.gz", "resident-p1.oci.tar", "app-p1.tar.gz", "app-p1.json",
+             *[f"torch-t{i}.tar.gz" for i in range(4)], *[f"torch-t{i}.json" for i in range(4)],
+             *[f"owner-torch-o{i}.oci.tar" for i in range(3)]]
+    for age, name in enumerate(names):
+        (tmp_path / name).touch()
+        os.utime(tmp_path / name, (1000 + age, 1000 + age))
+    _prune_layers(tmp_path, "torch", keep="t0", count=2)   # t3, t2 newest; t0 kept by key
+    assert sorted(p.name for p in tmp_path.glob("torch-*")) == [
+        "torch-t0.json", "torch-t0.tar.gz", "torch-t2.json", "torch-t2.tar.gz", "torch-t3.json", "torch-t3.tar.gz"]
+    _prune(tmp_path, keep={"p1"}, keep_base="b2")
+    left = {p.name for p in tmp_path.iterdir()}
+    assert {"base-b1.tar.gz", "base-b2.tar.gz", "app-p1.json", "owner-torch-o0.oci.tar"} <= left
+    assert cached_image_names(tmp_path) == {"resident.local/resident:p1", *{
+        f"resident.local/owner-torch:o{i}" for i in range(3)}}
