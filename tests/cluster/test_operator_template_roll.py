@@ -37,7 +37,8 @@ def test_an_image_change_rolls_two_owners_one_at_a_time(cluster, namespace, tmp_
             PlayedNode(cluster, namespace, tmp_path / "b", "node-b", capacity=one_pod, ip="127.0.0.2") as b, \
             running_operator(namespace, RESIDENT_OWNER_HOST=""):
         api.create_model("lm", spec)
-        wait_for(lambda: (api.model("lm").get("status") or {}).get("ready") == "2/2", what="2/2 ready")
+        wait_for(lambda: (api.model("lm").get("status") or {}).get("ready") == "2/2", timeout=90,
+                 what="2/2 ready")
         before = api.model("lm")["status"]
         old = {p.metadata.uid: p.metadata.annotations[TEMPLATE] for p in live_owners(api)}
         assert len(old) == 2 and len(set(old.values())) == 1
@@ -73,6 +74,6 @@ def test_an_image_change_rolls_two_owners_one_at_a_time(cluster, namespace, tmp_
         after = api.model("lm")["status"]
         assert after["bundle"] == before["bundle"] and after["identity"]["bundle"] == digest
         assert after.get("lastTransition") == before.get("lastTransition") is None
-        wait_for(lambda: api.reasons("lm").count("OwnerPodRolled") == 2, timeout=10,
+        wait_for(lambda: api.reasons("lm").count("OwnerPodRolled") == 2, timeout=30,
                  what="an OwnerPodRolled Event per owner")
     assert not a.errors and not b.errors, (a.errors + b.errors)[-1]
