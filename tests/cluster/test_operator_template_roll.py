@@ -17,6 +17,7 @@ from localcluster.processes import free_port
 from conftest_operator import Api, PlayedNode, running_operator, wait_for
 
 TEMPLATE = "resident.dev/pod-template-hash"
+TAINT = "resident.dev/played-for-template-roll"
 
 
 def live_owners(api: Api):
@@ -31,11 +32,15 @@ def test_an_image_change_rolls_two_owners_one_at_a_time(cluster, namespace, tmp_
     api, port = Api(cluster, namespace), free_port()
     digest = make_demo(tmp_path / "bundle", 256 * 1024, seed=5).digest
     spec = {"replicas": 2, "bundle": {"source": f"file://{tmp_path / 'bundle'}", "digest": digest},
-            "runtime": {"port": port}}
+            "runtime": {"port": port},
+            # the nodes are tainted: a Pod other tests left Pending must not take their one slot
+            "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]}
     one_pod = {"pods": "1"}
     with PlayedNode(cluster, namespace, tmp_path / "a", "node-a", capacity=one_pod) as a, \
             PlayedNode(cluster, namespace, tmp_path / "b", "node-b", capacity=one_pod, ip="127.0.0.2") as b, \
             running_operator(namespace, RESIDENT_OWNER_HOST=""):
+        for node in ("node-a", "node-b"):
+            api.core.patch_node(node, {"spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]}})
         api.create_model("lm", spec)
         wait_for(lambda: (api.model("lm").get("status") or {}).get("ready") == "2/2", timeout=90,
                  what="2/2 ready")
