@@ -50,6 +50,18 @@ def summarize(samples: list[dict], metric: str, ratios: dict[str, tuple[str, str
     return out
 
 
+def wait_until(what: str, probe: Callable[[], object], timeout: float, every: float):
+    """Poll ``probe`` every ``every`` seconds until it returns something truthy; return it.
+    The polling interval bounds how precisely a benchmark times what it waits for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(every)
+    raise TimeoutError(f"not {what} after {timeout:.0f}s")
+
+
 def machine() -> dict:
     """The state of the checkout and the machine now: git commit (and whether the tree had
     changes), load average, cores, time. Take one before the arms run, one after."""

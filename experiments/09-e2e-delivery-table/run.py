@@ -78,14 +78,8 @@ def recompute(raw: dict) -> dict:
     return summary
 
 
-def wait_until(what: str, probe, timeout: float = 600.0, every: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(every)
-    raise TimeoutError(f"not {what} after {timeout:.0f}s")
+def wait_until(what: str, probe):
+    return benchkit.wait_until(what, probe, timeout=600.0, every=0.02)
 
 
 def drop_revision(directory: Path, served_root: Path, keep: Path) -> None:

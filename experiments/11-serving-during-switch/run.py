@@ -67,14 +67,8 @@ def recompute(raw: dict) -> dict:
     return out
 
 
-def wait_until(what: str, probe, timeout: float = 300.0, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(every)
-    raise TimeoutError(f"not {what} after {timeout:.0f}s")
+def wait_until(what: str, probe):
+    return benchkit.wait_until(what, probe, timeout=300.0, every=0.05)
 
 
 def main(argv: list[str] | None = None) -> int:

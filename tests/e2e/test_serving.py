@@ -99,7 +99,7 @@ def test_reload_of_two_replicas_drains_each_owner_and_fails_no_request(world):
 def test_reload_of_one_replica_answers_503_with_retry_after_never_a_reset(world):
     old, new = world.revs.a, world.fresh_revision("a", "rows", seed=63)
     story = world.ready("e2e-serve-solo", old)
-    target = f"127.0.0.1:{8000}"      # the one owner (slot 0, host network)
+    target = "127.0.0.1:8000"         # the one owner (slot 0, host network)
     with ClosedLoop(lambda: target, "story", clients=4) as load:
         _wait("answers on A", lambda: len(load.between(0, time.monotonic())) > 20)
         story.transition({"bundle": {"source": world.server.url, "digest": new},
