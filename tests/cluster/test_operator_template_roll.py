@@ -31,15 +31,20 @@ def is_ready(pod) -> bool:
 def test_an_image_change_rolls_two_owners_one_at_a_time(cluster, namespace, tmp_path):
     api, port = Api(cluster, namespace), free_port()
     digest = make_demo(tmp_path / "bundle", 256 * 1024, seed=5).digest
+    # Nodes of their own: a Pod another test left bound to "node-a" would take the one slot
+    # of a new Node of that name, and a Pod left Pending must not land on these.
+    nodes = [f"roll-{x}-{namespace}" for x in "ab"]
     spec = {"replicas": 2, "bundle": {"source": f"file://{tmp_path / 'bundle'}", "digest": digest},
             "runtime": {"port": port},
-            # the nodes are tainted: a Pod other tests left Pending must not take their one slot
-            "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]}
+            "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}}}
     one_pod = {"pods": "1"}
-    with PlayedNode(cluster, namespace, tmp_path / "a", "node-a", capacity=one_pod) as a, \
-            PlayedNode(cluster, namespace, tmp_path / "b", "node-b", capacity=one_pod, ip="127.0.0.2") as b, \
+    with PlayedNode(cluster, namespace, tmp_path / "a", nodes[0], capacity=one_pod) as a, \
+            PlayedNode(cluster, namespace, tmp_path / "b", nodes[1], capacity=one_pod, ip="127.0.0.2") as b, \
             running_operator(namespace, RESIDENT_OWNER_HOST=""):
-        for node in ("node-a", "node-b"):
+        for node in nodes:
             api.core.patch_node(node, {"spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]}})
         api.create_model("lm", spec)
         wait_for(lambda: (api.model("lm").get("status") or {}).get("ready") == "2/2", timeout=90,
@@ -68,7 +73,7 @@ def test_an_image_change_rolls_two_owners_one_at_a_time(cluster, namespace, tmp_
         assert {p.spec.containers[0].image for p in pods} == {"resident-owner:v2"}
         new_hash = {p.metadata.annotations[TEMPLATE] for p in pods}
         assert len(new_hash) == 1 and new_hash != set(old.values())
-        assert {p.spec.node_name for p in pods} == {"node-a", "node-b"}
+        assert {p.spec.node_name for p in pods} == set(nodes)
         # one at a time: never fewer than one ready owner, and the second new owner
         # appeared only once the first was ready
         assert min(sum(s.values()) for s in samples if s) >= 1
