@@ -57,6 +57,7 @@ class ModelContext:
     post_event: EventFn = lambda reason, message, warning: None
     clock: Callable[[], float] = time.time
     token: str = ""
+    endpoint: str | None = None   # status.endpoint once the companions were checked; None: check
     follow_up: FollowUp = field(default_factory=FollowUp)
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:

@@ -53,33 +53,47 @@ class ModelHandle:
 
     def poke(self, cause: str) -> None:
         """Ask for a pass (call on the operator's event loop: asyncio.Event is not thread-safe).
-        A change of the token Secret also makes the next pass read the token again."""
+        A cause in :data:`FORGETS` also makes the next pass read again what it names."""
         metrics.WAKES.labels(cause=cause).inc()
-        if cause == "secret":
+        if cause in FORGETS:
             self.known["epoch"] = self.known.get("epoch", 0) + 1
-            self.known.pop("token", None)
+            for key in FORGETS[cause]:
+                self.known.pop(key, None)
         self.wake.set()
 
 
-def next_wait(follow: FollowUp, resync_seconds: float) -> float:
-    """Seconds until the next pass if no event comes: 0 to go on at once, else the earliest
-    due time, at most the safety resync (jittered by up to 10 % so models spread out)."""
+# What a pass reuses from earlier passes (``ModelHandle.known``), and the events after
+# which it must read it again: the owners' token after a change of its Secret; the
+# companions (Service, PodDisruptionBudget), checked while ``endpoint`` is known, after a
+# change of either or of the spec. The safety resync reads everything again.
+FORGETS = {"secret": ("token",), "model": ("endpoint",), "service": ("endpoint",),
+           "budget": ("endpoint",), "resync": ("token", "endpoint")}
+
+
+def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:
+    """Seconds until the next pass if no event comes (0 to go on at once, else the earliest
+    due time, at most the safety resync, jittered by up to 10 % so models spread out), and
+    whether that wait is the safety resync."""
     if follow.again:
-        return 0.0
+        return 0.0, False
     resync = resync_seconds * random.uniform(0.9, 1.0)
-    return resync if follow.due is None else min(follow.due, resync)
+    if follow.due is not None and follow.due < resync:
+        return follow.due, False
+    return resync, True
 
 
 async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], FollowUp | None],
                 pool: Executor, session: aiohttp.ClientSession, resync_seconds: float) -> None:
     """Run passes until the model is deleted (``stopped``) or gone."""
     loop = asyncio.get_running_loop()
-    wait = 0.0
+    wait, resync = 0.0, False
     try:
         while not stopped:
             await _sleep(handle.wake, stopped, wait)
             if stopped:
                 break
+            if resync and not handle.wake.is_set():
+                handle.poke("resync")
             handle.wake.clear()
             # kopf.event() reads kopf's context variables: run the pass in a copy of them
             follow = await loop.run_in_executor(pool, contextvars.copy_context().run, run_pass)
@@ -89,7 +103,7 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
                 if owner.url not in handle.waiters:
                     handle.waiters[owner.url] = asyncio.create_task(
                         _wait_owner(handle, owner, session), name=f"owner-wait {owner.url}")
-            wait = next_wait(follow, resync_seconds)
+            wait, resync = next_wait(follow, resync_seconds)
     finally:
         for task in list(handle.waiters.values()):
             task.cancel()

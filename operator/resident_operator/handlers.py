@@ -70,8 +70,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="resident.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="resident.dev", key="last-handled-configuration")
-    # Only our children are watched: the API server filters Pods, Secrets and Services by label.
-    for plural in ("pods", "secrets", "services"):
+    # Only our children are watched: the API server filters them by label.
+    for plural in ("pods", "secrets", "services", "poddisruptionbudgets"):
         settings.watching.label_selectors[plural] = naming.LABEL_MODEL_UID
     # Events are posted explicitly (kopf.event ignores this level); kopf's own log lines,
     # e.g. "failed temporarily" every retry while children go away, stay in the logs.
@@ -185,6 +185,11 @@ async def secret_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> No
 @kopf.on.event("services", labels=OWNED)
 async def service_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
     _wake_model_of(labels, model_handles, "service")
+
+
+@kopf.on.event("policy", "poddisruptionbudgets", labels=OWNED)   # the served version
+async def budget_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
+    _wake_model_of(labels, model_handles, "budget")
 
 
 @kopf.on.event(*DELIVERIES, labels=OWNED)

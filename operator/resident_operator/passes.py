@@ -46,8 +46,9 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
              lock: threading.Lock, known: dict[str, Any]) -> FollowUp | None:
     """One pass; None when the model is gone (or replaced by another of the same name).
 
-    ``known`` carries the owners' token from pass to pass (the driver forgets it when the
-    token Secret changes), so a pass does not read the Secret again."""
+    ``known`` carries what a pass may reuse from the last one (the owners' token, the
+    checked companions' endpoint; the driver forgets each when an event says it changed,
+    ``driver.FORGETS``), so a pass does not read them again."""
     t0 = time.perf_counter()
     with lock:
         try:
@@ -58,10 +59,10 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
             return FollowUp(due=ERROR_RETRY_SECONDS)
         if ctx is None or ctx.uid != uid:
             return None
-        ctx.token, epoch = known.get("token", ""), known.get("epoch")
+        ctx.token, ctx.endpoint, epoch = known.get("token", ""), known.get("endpoint"), known.get("epoch")
         _reconcile(ctx)
-        if known.get("epoch") == epoch:    # the Secret did not change meanwhile
-            known["token"] = ctx.token
+        if known.get("epoch") == epoch:    # nothing it read changed meanwhile
+            known.update(token=ctx.token, endpoint=ctx.endpoint)
     metrics.PASS_SECONDS.observe(time.perf_counter() - t0)
     return ctx.follow_up
 

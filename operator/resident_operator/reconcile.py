@@ -67,8 +67,10 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     managed = {o.slot for o in t.owners} if t else set()
     revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])
     pods = ensure_owner_pods(ctx, state, spec, managed, revision)
-    endpoint = ensure_service(ctx, state, spec)
-    ensure_disruption_budget(ctx, state, spec)
+    if ctx.endpoint is None:   # companions not checked since they or the spec last changed
+        endpoint = ensure_service(ctx, state, spec)
+        ensure_disruption_budget(ctx, state, spec)
+        ctx.endpoint = endpoint or None   # '' (the name is taken): look again next pass
     views = observe_owners(ctx, pods, spec)
     if state.transition is None:
         views = replace_broken_owners(ctx, state, spec, views)
@@ -78,7 +80,7 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
                             transition=state.transition, last_transition=state.last_transition,
                             blocker=blocker, desired_digest=spec.bundle.digest)
     live = sum(1 for v in views if not v.terminating)
-    report(ctx, dict(derived, endpoint=endpoint or None, replicas=live,
+    report(ctx, dict(derived, endpoint=ctx.endpoint, replicas=live,
                      selector=naming.owner_selector(ctx.uid)))
     return OK, ""
 

@@ -136,6 +136,18 @@ def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(clust
         wait_for(lambda: again.metadata.uid in {c["uid"] for c in api.model("tiny")["status"]["children"]},
                  what="the new Service recorded")
         assert svc.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
+        # passes reuse the checked companions; their own watch events (the safety resync is
+        # 120 s here) make the next pass look again: an edited port and a deleted budget
+        api.core.patch_namespaced_service("tiny", namespace, [
+            {"op": "replace", "path": "/spec/ports/0/port", "value": 9999}])
+        wait_for(lambda: api.core.read_namespaced_service("tiny", namespace).spec.ports[0].port == 8443,
+                 timeout=10, what="the edited Service port put back")
+        old_budget = budget()["metadata"]["uid"]
+        api.custom.delete_namespaced_custom_object("policy", "v1beta1", namespace,
+                                                   "poddisruptionbudgets", "tiny")
+        wait_for(lambda: budget().get("metadata", {}).get("uid") not in (None, old_budget)
+                 and budget()["spec"].get("maxUnavailable") == 2, timeout=10,
+                 what="the deleted budget re-created")
 
 
 def test_kubectl_scale_changes_the_owners_and_the_scale_subresource_counts_them(cluster, namespace, tiny):

@@ -25,10 +25,12 @@ class Stopped:
 
 
 def test_next_wait_prefers_again_then_the_earliest_due_within_the_resync():
-    assert next_wait(FollowUp(again=True, due=5), 300) == 0.0
-    assert next_wait(FollowUp(due=2.5), 300) == 2.5
-    assert 270 <= next_wait(FollowUp(), 300) <= 300          # jittered safety resync
-    assert next_wait(FollowUp(due=900), 300) <= 300
+    assert next_wait(FollowUp(again=True, due=5), 300) == (0.0, False)
+    assert next_wait(FollowUp(due=2.5), 300) == (2.5, False)
+    wait, resync = next_wait(FollowUp(), 300)
+    assert 270 <= wait <= 300 and resync                     # jittered safety resync
+    wait, resync = next_wait(FollowUp(due=900), 300)
+    assert wait <= 300 and resync
     f = FollowUp()
     f.recheck_in(10)
     f.recheck_in(3)
@@ -104,7 +106,7 @@ def test_a_gone_model_ends_the_driver():
     asyncio.run(scenario())
 
 
-def test_a_token_secret_change_makes_the_next_pass_read_the_token_again(monkeypatch):
+def test_a_change_of_the_token_secret_or_a_companion_makes_the_next_pass_read_it_again(monkeypatch):
     from resident_operator import passes
 
     async def pokes():
@@ -114,12 +116,19 @@ def test_a_token_secret_change_makes_the_next_pass_read_the_token_again(monkeypa
         assert handle.known["token"] == "old"          # other children keep what is known
         handle.poke("secret")
         assert "token" not in handle.known
+        handle.known.update(token="t", endpoint="http://m.ns.svc:8000")
+        for cause in ("service", "budget", "model"):     # a companion or the spec changed
+            handle.poke(cause)
+            assert "endpoint" not in handle.known and handle.known["token"] == "t"
+            handle.known["endpoint"] = "http://m.ns.svc:8000"
+        handle.poke("resync")                            # the safety resync reads everything
+        assert "endpoint" not in handle.known and "token" not in handle.known
 
     asyncio.run(pokes())
 
     # a pass that ran across a Secret change does not store the token it started with
     known = {"token": "old"}
-    model = type("Ctx", (), {"uid": "uid", "token": "", "follow_up": FollowUp()})()
+    model = type("Ctx", (), {"uid": "uid", "token": "", "endpoint": None, "follow_up": FollowUp()})()
     monkeypatch.setattr(passes, "model_context", lambda *a: model)
     monkeypatch.setattr(passes, "_reconcile", lambda ctx: (known.update(epoch=1), known.pop("token")))
     passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), known)
@@ -127,3 +136,27 @@ def test_a_token_secret_change_makes_the_next_pass_read_the_token_again(monkeypa
     monkeypatch.setattr(passes, "_reconcile", lambda ctx: setattr(ctx, "token", "new"))
     passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), known)
     assert known["token"] == "new"
+
+
+def test_the_safety_resync_forgets_what_passes_reuse_and_an_event_does_not():
+    async def scenario():
+        handle, stopped = ModelHandle("ns", "m", "uid"), Stopped()
+        seen = []
+
+        def one_pass():
+            seen.append(dict(handle.known))
+            handle.known.update(token="t", endpoint="e")
+            return FollowUp()
+
+        with ThreadPoolExecutor(1) as pool:
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 0.3))
+            await asyncio.sleep(0.1)
+            handle.poke("pod")                  # an event: what is known stays
+            await asyncio.sleep(0.1)
+            assert seen[-1].get("token") == "t"
+            await asyncio.sleep(0.5)            # the resync (0.27-0.3 s) forgets it
+            stopped.flag.set()
+            await asyncio.wait_for(task, 2)
+        assert len(seen) >= 3 and "token" not in seen[2] and "endpoint" not in seen[2]
+
+    asyncio.run(scenario())
