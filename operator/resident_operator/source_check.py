@@ -18,6 +18,8 @@ model's driver retries later (:func:`retry_after`), never in a loop inside a pas
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from bundle.errors import BundleError, IntegrityMismatch
@@ -46,7 +48,30 @@ class SourceProblem(Exception):
 
 
 def fetch_manifest(source: str, digest: str) -> Manifest:
-    """The manifest of ``digest`` from ``source``, verified; raise :class:`SourceProblem`."""
+    """The manifest of ``digest`` from ``source``, verified; raise :class:`SourceProblem`.
+
+    A verified manifest is content-addressed, so the last :data:`KEPT_MANIFESTS` read are
+    kept by (source, digest): planning a transition reads its target, while its donor (the
+    live revision) was read when it was placed or planned itself."""
+    key = (source, digest)
+    with _kept_lock:
+        if key in _kept:
+            _kept.move_to_end(key)
+            return _kept[key]
+    manifest = _read_manifest(source, digest)
+    with _kept_lock:
+        _kept[key] = manifest
+        while len(_kept) > KEPT_MANIFESTS:
+            _kept.popitem(last=False)
+    return manifest
+
+
+KEPT_MANIFESTS = 64
+_kept: OrderedDict[tuple[str, str], Manifest] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def _read_manifest(source: str, digest: str) -> Manifest:
     try:
         with open_source(source, QUICK) as src:
             return src.fetch_manifest(digest)

@@ -1,0 +1,38 @@
+"""The operator's manifest reads against a real bundle server on 127.0.0.1: a manifest read
+and verified once is kept (content-addressed), one never read needs the source."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from bundle.demo import make_demo
+from bundle.sources import push
+from bundle.sources.httpserve import BundleServer
+from resident_operator import source_check
+from resident_operator.source_check import SourceProblem, fetch_manifest
+
+
+def test_a_verified_manifest_is_kept_and_an_unread_one_needs_the_source(tmp_path):
+    a = make_demo(tmp_path / "a", 64 * 1024, seed=1).digest
+    b = make_demo(tmp_path / "b", 64 * 1024, seed=2).digest
+    srv = BundleServer(tmp_path / "srv")
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        push(tmp_path / "a", srv.url)
+        push(tmp_path / "b", srv.url)
+        first = fetch_manifest(srv.url, a)
+        assert first.digest == a
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+    assert fetch_manifest(srv.url, a) is first          # kept: the source is down now
+    with pytest.raises(SourceProblem) as e:             # never read: the source is needed
+        fetch_manifest(srv.url, b)
+    assert e.value.blocker.reason == "SourceUnavailable"
+    with pytest.raises(SourceProblem):                  # kept per source, not per digest alone
+        fetch_manifest(srv.url + "/other", a)
+    assert len(source_check._kept) <= source_check.KEPT_MANIFESTS
