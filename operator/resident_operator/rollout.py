@@ -60,8 +60,9 @@ def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         generation=int(ctx.body["metadata"].get("generation") or 0), startedAt=ctx.clock(),
         awaitEndpoints=spec.replicas > 1,
         owners=[OwnerProgress(slot=v.slot, pod=v.pod, podUID=v.uid, node=v.node) for v in live])
-    state.set_pending(None)
-    state.save_transition()
+    with state.together():
+        state.set_pending(None)
+        state.save_transition()
     ctx.event("TransitionPlanned", f"transition {frm['digest'][:19]} -> {to.digest[:19]}: "
                                    f"{plan.describe()}; {len(live)} owners")
     return None
@@ -128,14 +129,16 @@ def _step_owner(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transi
         obs = observe_owner(ctx, spec, t, p, view, deliveries)
         decision = advance(t, p, obs, now=ctx.clock(), timeout_seconds=spec.transition.timeout_seconds)
         new = decision.progress
-        for action in decision.actions:
-            new = perform(ctx, state, spec, t, new, action, view, deliveries)
+        with state.together():   # e.g. a delivery created and the progress naming it
+            for action in decision.actions:
+                new = perform(ctx, state, spec, t, new, action, view, deliveries)
+            if new != p:
+                t.owners[i] = new
+                if decision.actions:
+                    state.save_transition()
+                    saved = new
         if new == p:
             break
-        t.owners[i] = new
-        if decision.actions:
-            state.save_transition()
-            saved = new
         moved = new.step != p.step
         p = new
         if moved:
@@ -182,9 +185,10 @@ def _finish(ctx: ModelContext, state: ModelState, t: TransitionState, result: st
                 metrics.TRANSITION_SECONDS.labels(strategy=o.strategy or t.strategy, path=t.path,
                                                   phase=phase).observe(secs)
     metrics.TRANSITIONS.labels(result=result).inc()
-    if result == "succeeded":
-        state.commit_bundle(t.to, t.to_source)
-    state.finish_transition(summary)
+    with state.together():
+        if result == "succeeded":
+            state.commit_bundle(t.to, t.to_source)
+        state.finish_transition(summary)
     if result == "succeeded":
         ctx.event("TransitionSucceeded", f"all {len(t.owners)} owners are on {t.to[:19]} "
                                          f"in {summary['durations']['totalSeconds']:.1f}s")
