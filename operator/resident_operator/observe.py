@@ -6,23 +6,21 @@ validity, any transition in flight and the last one's result) into the status fi
 a human reads: ``phase``, ``ready`` ("1/2"), ``identity``, ``owners[]`` and the five
 conditions. It is a pure function: the same observations give the same status.
 
-Two things only the Pod can tell, because no owner answers: the scheduler's verdict on
-a Pod it cannot place (``PodScheduled=False``, reason ``Unschedulable``, e.g. "0/1 nodes
-are available: 1 Insufficient furiosa.ai/rngd."), and why the owner container exited
-before it became ready (its termination message, ``<Reason>: <message>``, see
-``owner/termination.py``). The first makes ``Delivered=False`` reason ``Unschedulable``;
-the second makes the model ``Degraded`` with the owner's reason (``BackendUnavailable``),
-not a crash loop shown as Loading.
+What the Pod says when no owner can (:mod:`.pod_verdicts`): an owner Pod the scheduler
+cannot place makes ``Delivered=False`` reason ``Unschedulable`` with the scheduler's
+message; an owner container that exited and has not been ready since makes the model
+``Degraded`` with the owner's own reason (``BackendUnavailable``), not a crash loop
+shown as Loading.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import conditions as c
 from . import naming
+from .pod_verdicts import UNSCHEDULABLE, container_exit, unschedulable_message
 from .transition import BROKEN_STATES, TransitionState
 
 
@@ -98,47 +96,6 @@ def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
         in_place=caps.get("inPlace") if "inPlace" in caps else None,
         error=error, unschedulable=unschedulable_message(pod),
         exit_reason=exit_reason, exit_message=exit_message)
-
-
-UNSCHEDULABLE = "Unschedulable"
-OWNER_EXITED = "OwnerExited"         # the container exited without saying why in our form
-_REASON_LINE = re.compile(r"^([A-Z][A-Za-z0-9]*): (.+)$")
-
-
-def unschedulable_message(pod: dict[str, Any]) -> str:
-    """The scheduler's message while the Pod is ``PodScheduled=False/Unschedulable``; else ""."""
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
-                and cond.get("reason") == UNSCHEDULABLE:
-            return cond.get("message") or "the scheduler found no node for the Pod"
-    return ""
-
-
-def container_exit(pod: dict[str, Any]) -> tuple[str, str]:
-    """(reason, message) of the owner container's failed exit, while it is not ready.
-
-    The exit is the current state's (terminated) or, once kubelet restarts or backs off,
-    the last state's. The owner's own line ``<Reason>: <message>`` gives the reason; any
-    other non-zero exit (killed, out of memory, a crash before the owner could write) is
-    ``OwnerExited`` with the exit code. A container that became ready since has recovered:
-    ("", "").
-    """
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    status = next((s for s in statuses if s.get("name") == naming.OWNER_CONTAINER), None)
-    if status is None or status.get("ready"):
-        return "", ""
-    for terminated in ((status.get("state") or {}).get("terminated"),
-                       (status.get("lastState") or {}).get("terminated")):
-        if terminated and terminated.get("exitCode", 0) != 0:
-            text = (terminated.get("message") or "").strip()
-            line = _REASON_LINE.match(text.splitlines()[0]) if text else None
-            if line:
-                return line.group(1), line.group(2)
-            why = f"exit code {terminated.get('exitCode')}"
-            if terminated.get("reason"):
-                why += f" ({terminated['reason']})"
-            return OWNER_EXITED, f"{why}: {text}" if text else why
-    return "", ""
 
 
 @dataclass(frozen=True)
