@@ -104,6 +104,8 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
         and condition(rm, "Degraded")["reason"] == "BackendUnavailable"
         and INSUFFICIENT in condition(rm, "Delivered")["message"]), timeout=180)
     delivered, degraded = condition(rm, "Delivered"), condition(rm, "Degraded")
+    print(f"\nDelivered: {delivered['reason']}: {delivered['message']}\nDegraded: {degraded['reason']}: "
+          f"{degraded['message']}")
     assert (delivered["status"], delivered["reason"]) == ("False", "Unschedulable")
     assert waiting.metadata.name in delivered["message"]
     assert degraded["status"] == "True" and "furiosa_llm" in degraded["message"]
