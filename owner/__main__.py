@@ -6,7 +6,8 @@ control API (``--port``: ``/v1/identity``, ``/v1/transitions``, ``/v1/generate``
 the operator's token) and the inference API (``--inference-port``: OpenAI-compatible
 ``/v1/completions`` and ``/v1/models``, behind ``--api-key-file`` if given), both with
 ``/healthz``, ``/readyz`` and ``/metrics``. A start failure closes the engine and exits
-with status 1 and the cause.
+with status 1 and the cause, which it also writes as ``<Reason>: <message>`` to the
+container's termination message (:mod:`owner.termination`) for the operator to read.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from bundle import jsonlog
-from .backends import REGISTRY, BackendError, create_backend
+from . import termination as term
+from .backends import REGISTRY, BackendError, BackendUnavailable, create_backend
 from .inference import make_inference_server
 from .runtime import Owner, StartupError
 from .server import make_server, read_token
@@ -66,7 +69,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="cpu, torch: after an in-place write also rebuild every changed chunk from live memory "
                         "and check it against the manifest (catches stray writes; costs a hash per chunk)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines on stderr)")
+    p.add_argument("--termination-log", type=Path, default=term.TERMINATION_LOG,
+                   help="where a start failure writes '<Reason>: <message>' for Kubernetes to keep "
+                        "(default /dev/termination-log; written only if the file exists)")
     return p.parse_args(argv)
+
+
+def start_failed(args: argparse.Namespace, reason: str, message: str) -> int:
+    """Say why the owner cannot start (stderr, the log, the termination message); exit 1."""
+    print(f"resident owner: start failed: {reason}: {message}", file=sys.stderr)
+    term.record_start_failure(reason, message, args.termination_log)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,10 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         token = read_token(args.token_file)
         api_key = read_token(args.api_key_file) if args.api_key_file else None
+    except (OSError, ValueError) as e:
+        return start_failed(args, term.CREDENTIALS_UNREADABLE, str(e))
+    try:
         backend = create_backend(args.backend, **options)
-    except (OSError, ValueError, BackendError) as e:
-        print(f"resident owner: {e}", file=sys.stderr)
-        return 1
+    except BackendUnavailable as e:
+        return start_failed(args, term.BACKEND_UNAVAILABLE, str(e))
+    except BackendError as e:
+        return start_failed(args, term.BACKEND_FAILED, str(e))
     if args.apply_wait_seconds < 0:
         print("resident owner: --apply-wait-seconds must be >= 0", file=sys.stderr)
         return 2
@@ -98,10 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         servers.append(make_inference_server(owner, args.host, args.inference_port, args.model_name, api_key))
     except OSError as e:
         port = args.inference_port if servers else args.port
-        print(f"resident owner: cannot bind {args.host}:{port}: {e}", file=sys.stderr)
         for server in servers:
             server.server_close()
-        return 1
+        return start_failed(args, term.PORT_UNAVAILABLE, f"cannot bind {args.host}:{port}: {e}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -116,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         owner.start()
         stop.wait()
     except StartupError as e:
-        print(f"resident owner: start failed: {e}", file=sys.stderr)
-        code = 1
+        code = start_failed(args, term.LOAD_FAILED, str(e))
     finally:
         for server in servers:
             server.shutdown()

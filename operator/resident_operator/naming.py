@@ -39,6 +39,7 @@ API_KEY_KEY = "api-key"
 API_KEY_MOUNT_DIR = "/var/run/resident-api-key"
 PORT_CONTROL = "control"
 PORT_HTTP = "http"
+OWNER_CONTAINER = "owner"               # the owner Pod's one container
 COMPONENT_SERVICE = "service"
 COMPONENT_BUDGET = "disruption-budget"
 BUNDLE_MOUNT = "/bundle"

@@ -5,6 +5,12 @@ Each pass the operator reads its owner Pods and asks every reachable owner for
 validity, any transition in flight and the last one's result) into the status fields
 a human reads: ``phase``, ``ready`` ("1/2"), ``identity``, ``owners[]`` and the five
 conditions. It is a pure function: the same observations give the same status.
+
+What the Pod says when no owner can (:mod:`.pod_verdicts`): an owner Pod the scheduler
+cannot place makes ``Delivered=False`` reason ``Unschedulable`` with the scheduler's
+message; an owner container that exited and has not been ready since makes the model
+``Degraded`` with the owner's own reason (``BackendUnavailable``), not a crash loop
+shown as Loading.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 
 from . import conditions as c
 from . import naming
+from .pod_verdicts import UNSCHEDULABLE, container_exit, unschedulable_message
 from .transition import BROKEN_STATES, TransitionState
 
 
@@ -36,6 +43,9 @@ class OwnerView:
     identity: dict[str, str] = field(default_factory=dict)
     in_place: bool | None = None
     error: str = ""
+    unschedulable: str = ""          # the scheduler's message while it cannot place the Pod
+    exit_reason: str = ""            # why the owner container last exited, while not ready
+    exit_message: str = ""
 
     @property
     def running(self) -> bool:
@@ -54,6 +64,10 @@ class OwnerView:
             out["inPlace"] = self.in_place
         if self.error:
             out["error"] = self.error
+        if self.unschedulable:
+            out["reason"], out["message"] = UNSCHEDULABLE, self.unschedulable
+        elif self.exit_reason:
+            out["reason"], out["message"] = self.exit_reason, self.exit_message
         return out
 
 
@@ -66,6 +80,7 @@ def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
                 for cond in status.get("conditions") or [])
     ident = (identity or {}).get("identity") or {}
     caps = (identity or {}).get("capabilities") or {}
+    exit_reason, exit_message = container_exit(pod)
     return OwnerView(
         slot=int(labels.get(naming.LABEL_SLOT, -1)),
         incarnation=int(labels.get(naming.LABEL_INCARNATION, 0)),
@@ -79,7 +94,8 @@ def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
         state=(identity or {}).get("state"),
         identity={k: v for k, v in ident.items() if k in ("bundle", "graph", "weights") and v},
         in_place=caps.get("inPlace") if "inPlace" in caps else None,
-        error=error)
+        error=error, unschedulable=unschedulable_message(pod),
+        exit_reason=exit_reason, exit_message=exit_message)
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,8 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
     n_ready = sum(1 for o in live if o.ready)
     n_running = sum(1 for o in live if o.running)
     broken = [o for o in live if o.state in BROKEN_STATES]
+    exited = sorted((o for o in live if o.exit_reason), key=lambda o: o.slot)
+    unplaced = sorted((o for o in live if o.unschedulable), key=lambda o: o.slot)
     conds = []
     if problems:
         degraded = c.condition(c.DEGRADED, True, "InvalidSpec", "; ".join(problems))
@@ -111,6 +129,10 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         o = broken[0]
         degraded = c.condition(c.DEGRADED, True, "Owner" + o.state.capitalize(),
                                f"owner {o.pod} is {o.state}")
+    elif exited:
+        o = exited[0]
+        degraded = c.condition(c.DEGRADED, True, o.exit_reason,
+                               f"{_owners(len(exited))} cannot start; {o.pod}: {o.exit_message}")
     elif blocker:
         degraded = c.condition(c.DEGRADED, True, blocker.reason, blocker.message)
     elif last_transition and last_transition.get("result") == "failed" \
@@ -137,6 +159,11 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
     elif n_running >= want:
         conds.append(c.condition(c.DELIVERED, True, "AllDelivered",
                                  f"{n_running}/{want} owner volumes published"))
+    elif unplaced:
+        o = unplaced[0]
+        conds.append(c.condition(c.DELIVERED, False, UNSCHEDULABLE,
+                                 f"{n_running}/{want} owner volumes published; {_owners(len(unplaced))} "
+                                 f"not scheduled; {o.pod}: {o.unschedulable}"))
     else:
         conds.append(c.condition(c.DELIVERED, False, "WaitingForDelivery",
                                  f"{n_running}/{want} owner volumes published"))
@@ -161,6 +188,8 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         phase = "Ready"
     elif n_running >= want:
         phase = "Loading"
+    elif unplaced:
+        phase = "Pending"
     elif any(o.node for o in live):
         phase = "Delivering"
     else:
@@ -170,6 +199,10 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         "owners": [o.to_status() for o in sorted(owners, key=lambda o: (o.slot, o.incarnation))],
         "conditions": conds,
     }
+
+
+def _owners(n: int) -> str:
+    return "1 owner" if n == 1 else f"{n} owners"
 
 
 def _named_port(pod: dict[str, Any], name: str) -> int | None:

@@ -161,11 +161,13 @@ def owner_client(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> OwnerCl
 
 def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpec
                    ) -> list[OwnerView]:
-    """A view per Pod; running Pods' owners are asked for their identity."""
+    """A view per Pod; running Pods' owners are asked for their identity, except one whose
+    container exited and has not been ready since (it says why in its termination
+    message; its Pod's next change wakes the model, so no recheck is needed)."""
     views = []
     for pod in pods:
         seen = owner_view(pod)
-        if not seen.running or not owner_address(ctx, seen.pod_ip):
+        if not seen.running or seen.exit_reason or not owner_address(ctx, seen.pod_ip):
             views.append(seen)
             continue
         client = owner_client(ctx, spec, seen)

@@ -88,7 +88,7 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
             [v.model_dump(by_alias=True, exclude_none=True) for v in rt.variants])})
     ports = slot_ports(spec, settings, slot)
     container = {
-        "name": "owner",
+        "name": naming.OWNER_CONTAINER,
         "image": owner_image(spec, settings),
         "command": owner_command(model, spec, ports),
         "env": env,

@@ -116,10 +116,35 @@ def test_missing_token_file_is_a_clear_error(volume):
 
 
 def test_vendor_backend_without_its_sdk_exits_with_a_clear_error(volume):
+    """As in a Pod: kubelet's termination-log file exists (empty) and gets one line."""
     tmp, _ = volume
-    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--backend", "rngd"], tmp)
+    log = tmp / "termination-log"
+    log.write_text("")
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--backend", "rngd",
+                  "--termination-log", str(log)], tmp)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "furiosa_llm" in err and "furiosa-llm" in err
+    line = log.read_text()
+    assert line.startswith("BackendUnavailable: the rngd backend needs the Python module 'furiosa_llm'")
+    assert line.count("\n") == 1 and "furiosa-llm" in line
+    logged = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    assert any(d["msg"] == "owner cannot start" and d["reason"] == "BackendUnavailable" for d in logged)
+
+
+def test_a_load_failure_is_recorded_and_no_termination_log_is_made_outside_kubernetes(volume):
+    tmp, _ = volume
+    (tmp / "vol" / "current").unlink()            # nothing to load
+    log = tmp / "termination-log"
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--port", "0",
+                  "--termination-log", str(log)], tmp)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "LoadFailed" in err
+    assert not log.exists()                       # absent, as outside Kubernetes: not created
+    log.write_text("")
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--port", "0",
+                  "--termination-log", str(log)], tmp)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 1 and log.read_text().startswith("LoadFailed: ")
 
 
 def test_help_explains_the_command():

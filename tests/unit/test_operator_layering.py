@@ -6,8 +6,8 @@ from pathlib import Path
 import resident_operator
 
 PKG = Path(resident_operator.__file__).parent
-PURE = ("spec", "settings", "naming", "placement", "pod_template", "delivery", "conditions", "transition",
-        "transition_summary", "planning", "observe", "children")
+PURE = ("spec", "settings", "naming", "placement", "pod_template", "pod_verdicts", "delivery", "conditions",
+        "transition", "transition_summary", "planning", "observe", "children")
 SIDE_EFFECTS = {"kubernetes", "kopf", "requests", "resident_operator.kube",
                 "resident_operator.owner_client", "resident_operator.handlers"}
 

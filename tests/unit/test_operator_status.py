@@ -126,3 +126,97 @@ def test_unchanged_status_is_not_patched_again():
     assert not changed(status, {"phase": "Ready", "ready": "1/1", "owners": [{"pod": "p"}], "identity": None})
     assert changed(status, {"phase": "Degraded"})
     assert changed({**status, "identity": {"bundle": A}}, {"identity": None})
+
+
+# -- what only the Pod can say: the scheduler's verdict, the owner's exit -------------------
+INSUFFICIENT = "0/1 nodes are available: 1 Insufficient furiosa.ai/rngd."
+SDK_MISSING = ("BackendUnavailable: the rngd backend needs the Python module 'furiosa_llm' "
+               "(pip install furiosa-llm, with the RNGD driver and a furiosa.ai/rngd device); "
+               "it is not importable here: No module named 'furiosa_llm'")
+
+
+def unschedulable_pod(name="m-owner-2-0", slot=2):
+    """As kube-scheduler leaves a Pod no node has a card for (no nodeName, no containers)."""
+    return {"metadata": {"name": name, "uid": "uid-" + name,
+                         "labels": {"resident.dev/slot": str(slot), "resident.dev/incarnation": "0"}},
+            "spec": {"containers": [{"name": "owner"}]},
+            "status": {"phase": "Pending", "qosClass": "BestEffort",
+                       "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                       "message": INSUFFICIENT, "lastProbeTime": None,
+                                       "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+
+
+def crashing_pod(name="m-owner-0-0", slot=0, message=SDK_MISSING, backoff=True, exit_code=1, reason="Error"):
+    """As kubelet reports an owner that exited at start: terminated the first time, then
+    waiting in CrashLoopBackOff with the exit in lastState (the Pod stays Running)."""
+    terminated = {"exitCode": exit_code, "reason": reason, "startedAt": "2026-01-01T00:00:01Z",
+                  "finishedAt": "2026-01-01T00:00:02Z", "containerID": "containerd://abc"}
+    if message is not None:
+        terminated["message"] = message + "\n"
+    if backoff:
+        state = {"waiting": {"reason": "CrashLoopBackOff",
+                             "message": f"back-off 20s restarting failed container=owner pod={name}"}}
+        last = {"terminated": terminated}
+    else:
+        state, last = {"terminated": terminated}, {}
+    p = pod(name, slot, ready=False)
+    p["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"},
+        {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+        {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"}]
+    p["status"]["containerStatuses"] = [{"name": "owner", "ready": False, "restartCount": 2, "started": False,
+                                         "image": "resident:dev", "imageID": "", "state": state,
+                                         "lastState": last}]
+    return p
+
+
+def test_an_unschedulable_owner_names_the_schedulers_message():
+    v = owner_view(unschedulable_pod())
+    assert v.unschedulable == INSUFFICIENT and v.exit_reason == ""
+    s = derive(replicas=3, owners=[owner_view(pod("m-owner-0-0", 0), ident()),
+                                   owner_view(pod("m-owner-1-0", 1), ident()), v])
+    delivered = s["by_type"]["Delivered"]
+    assert (delivered["status"], delivered["reason"]) == ("False", "Unschedulable")
+    assert delivered["message"] == f"2/3 owner volumes published; 1 owner not scheduled; m-owner-2-0: {INSUFFICIENT}"
+    assert s["phase"] == "Pending" and s["ready"] == "2/3"
+    assert s["by_type"]["Degraded"]["status"] == "False"   # waiting for a card is not a failure
+    entry = s["owners"][2]
+    assert (entry["phase"], entry["reason"], entry["message"]) == ("Pending", "Unschedulable", INSUFFICIENT)
+    assert "node" not in entry
+
+
+def test_an_owner_without_its_vendor_sdk_degrades_the_model_not_loading():
+    for p in (crashing_pod(), crashing_pod(backoff=False)):
+        v = owner_view(p)
+        assert (v.exit_reason, v.running) == ("BackendUnavailable", True)
+        assert v.exit_message.startswith("the rngd backend needs the Python module 'furiosa_llm'")
+    owners = [owner_view(crashing_pod("m-owner-0-0", 0)), owner_view(crashing_pod("m-owner-1-0", 1)),
+              owner_view(unschedulable_pod())]
+    s = derive(replicas=3, owners=owners)
+    degraded = s["by_type"]["Degraded"]
+    assert (s["phase"], degraded["status"], degraded["reason"]) == ("Degraded", "True", "BackendUnavailable")
+    assert degraded["message"].startswith("2 owners cannot start; m-owner-0-0: the rngd backend needs")
+    assert "Insufficient furiosa.ai/rngd" in s["by_type"]["Delivered"]["message"]
+    assert [o.get("reason") for o in s["owners"]] == ["BackendUnavailable", "BackendUnavailable", "Unschedulable"]
+    assert s["owners"][0]["message"].endswith("No module named 'furiosa_llm'")
+
+
+def test_other_exits_and_recovery():
+    v = owner_view(crashing_pod(message=None, exit_code=137, reason="OOMKilled"))
+    assert (v.exit_reason, v.exit_message) == ("OwnerExited", "exit code 137 (OOMKilled)")
+    v = owner_view(crashing_pod(message="Traceback (most recent call last):\n  boom"))
+    assert v.exit_reason == "OwnerExited" and v.exit_message.startswith("exit code 1 (Error): Traceback")
+    s = derive(owners=[v])
+    assert (s["phase"], s["by_type"]["Degraded"]["reason"]) == ("Degraded", "OwnerExited")
+    # restarted and ready since: the old exit no longer counts
+    healed = crashing_pod()
+    healed["status"]["containerStatuses"][0].update(ready=True, state={"running": {"startedAt": "t"}})
+    healed["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    s = derive(owners=[owner_view(healed, ident())])
+    assert (s["phase"], s["by_type"]["Degraded"]["status"]) == ("Ready", "False")
+    assert "reason" not in s["owners"][0]
+    # a clean exit (code 0) is no failure, and a quarantined owner still comes first
+    assert owner_view(crashing_pod(exit_code=0)).exit_reason == ""
+    s = derive(replicas=2, owners=[owner_view(pod(), ident(state="quarantined")),
+                                   owner_view(crashing_pod("m-owner-1-0", 1))])
+    assert s["by_type"]["Degraded"]["reason"] == "OwnerQuarantined"

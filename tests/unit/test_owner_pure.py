@@ -181,3 +181,16 @@ def test_vendor_backends_hash_the_revision_before_the_sdk_sees_it(tmp_path):
     (rdir / "extra.py").write_bytes(b"import os")                # a file the manifest does not name
     with pytest.raises(IntegrityError, match="extra.py"):
         backend.load(open_revision(tmp_path, digest))
+
+
+def test_termination_line_is_one_camelcase_reason_and_what_kubelet_keeps(tmp_path):
+    from owner.termination import MAX_BYTES, record_start_failure, termination_line
+
+    assert termination_line("BackendUnavailable", "no\nSDK  here") == "BackendUnavailable: no SDK here"
+    assert len(termination_line("LoadFailed", "é" * 5000).encode()) <= MAX_BYTES
+    with pytest.raises(ValueError, match="CamelCase"):
+        termination_line("backend unavailable", "x")
+    missing = tmp_path / "termination-log"
+    assert not record_start_failure("LoadFailed", "x", missing) and not missing.exists()
+    missing.write_text("")
+    assert record_start_failure("LoadFailed", "x", missing) and missing.read_text() == "LoadFailed: x\n"

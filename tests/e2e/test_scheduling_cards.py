@@ -1,0 +1,136 @@
+"""One card each, on a real extended resource: the local node advertises two
+``furiosa.ai/rngd`` cards in its status, as a device plugin would, and a 3-replica rngd
+model asks for three.
+
+The real scheduler binds two owners and leaves the third Pending with "Insufficient
+furiosa.ai/rngd", which the model's Delivered condition repeats. The owner image has no
+``furiosa_llm``, so the two owners that are placed exit at start with a
+``BackendUnavailable`` termination message and kubelet backs them off: the model is
+Degraded with reason BackendUnavailable, not Loading. Deleting the model removes all.
+
+(kubelet keeps extended resources it does not manage in the Node's status, and the
+device manager hands out no device for a resource no plugin registered, so the Pods start.)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pytest
+from kubernetes import client
+
+from localcluster.scenario import Story, model_body
+
+CARD = "furiosa.ai/rngd"
+CARD_PATH = CARD.replace("/", "~1")          # JSON Pointer escaping of the "/"
+INSUFFICIENT = f"Insufficient {CARD}"
+
+
+def patch_cards(core, node: str, count: int | None) -> None:
+    """Advertise ``count`` cards in the Node's capacity and allocatable, or none (None)."""
+    if count is None:
+        found = core.read_node(node).status
+        ops = [{"op": "remove", "path": f"/status/{part}/{CARD_PATH}"} for part in ("capacity", "allocatable")
+               if CARD in (getattr(found, part) or {})]
+    else:
+        ops = [{"op": "add", "path": f"/status/{part}/{CARD_PATH}", "value": str(count)}
+               for part in ("capacity", "allocatable")]
+    if ops:
+        core.patch_node_status(node, ops, _content_type="application/json-patch+json")
+
+
+@pytest.fixture
+def two_cards(world):
+    core = client.CoreV1Api(world.cluster.api_client())
+    node = world.cluster.node_name
+    patch_cards(core, node, 2)
+    try:
+        yield core, node
+    finally:
+        patch_cards(core, node, None)
+        status = core.read_node(node).status
+        assert CARD not in (status.capacity or {}) and CARD not in (status.allocatable or {})
+
+
+def until(what: str, probe: Callable[[], Any], timeout: float = 180.0) -> Any:
+    """``probe()`` once it is truthy; fail with its last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"not {what} after {timeout:.0f}s: {got!r}"
+        time.sleep(1)
+
+
+def owner_pods(story: Story) -> list:
+    return story.core.list_namespaced_pod(story.namespace, label_selector=f"resident.dev/model={story.name}").items
+
+
+def unschedulable(pod) -> str:
+    cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+    return cond.message if cond and cond.status == "False" and cond.reason == "Unschedulable" else ""
+
+
+def condition(rm: dict, type_: str) -> dict:
+    return next(c for c in rm["status"]["conditions"] if c["type"] == type_)
+
+
+def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades(world, two_cards):
+    core, node = two_cards
+    assert core.read_node(node).status.allocatable[CARD] == "2"
+    story = world.story("e2e-cards", "cards")
+    body = model_body(story.name, world.server.url, world.revs.a, port=18180)
+    body["spec"].update(accelerator=CARD, replicas=3, serving={"port": 18190})
+    body["spec"]["runtime"]["backend"] = "rngd"
+    story.apply(body)
+
+    # the scheduler: two owners bound to the node, one card each; the third Pending
+    def placed():
+        pods = owner_pods(story)
+        bound = [p for p in pods if p.spec.node_name == node]
+        waiting = [p for p in pods if INSUFFICIENT in unschedulable(p)]
+        return (bound, waiting) if len(pods) == 3 and len(bound) == 2 and len(waiting) == 1 else None
+    bound, (waiting,) = until("2 owners bound and 1 unschedulable", placed)
+    for p in bound:
+        limits = p.spec.containers[0].resources.limits
+        assert limits[CARD] == "1" and p.spec.containers[0].resources.requests[CARD] == "1"
+    assert waiting.status.phase == "Pending" and not waiting.spec.node_name
+
+    # the model: Delivered names the scheduler's message; Degraded names the missing SDK
+    rm = story.wait("Degraded with BackendUnavailable", lambda rm: (
+        rm.get("status", {}).get("phase") == "Degraded"
+        and condition(rm, "Degraded")["reason"] == "BackendUnavailable"
+        and INSUFFICIENT in condition(rm, "Delivered")["message"]), timeout=180)
+    delivered, degraded = condition(rm, "Delivered"), condition(rm, "Degraded")
+    print(f"\nDelivered: {delivered['reason']}: {delivered['message']}\nDegraded: {degraded['reason']}: "
+          f"{degraded['message']}")
+    assert (delivered["status"], delivered["reason"]) == ("False", "Unschedulable")
+    assert waiting.metadata.name in delivered["message"]
+    assert degraded["status"] == "True" and "furiosa_llm" in degraded["message"]
+    assert rm["status"]["ready"] == "0/3"
+    entries = {o["pod"]: o for o in rm["status"]["owners"]}
+    assert entries[waiting.metadata.name]["reason"] == "Unschedulable"
+    assert INSUFFICIENT in entries[waiting.metadata.name]["message"]
+    assert [entries[p.metadata.name].get("reason") for p in bound] == ["BackendUnavailable"] * 2
+
+    # kubelet backs the failing owners off; the model still says why, not "Loading"
+    def backing_off():
+        pods = [p for p in owner_pods(story) if p.spec.node_name == node]
+        return [p for p in pods for s in p.status.container_statuses or []
+                if s.state.waiting and s.state.waiting.reason == "CrashLoopBackOff"
+                and s.last_state.terminated
+                and (s.last_state.terminated.message or "").startswith("BackendUnavailable: ")]
+    until("an owner in CrashLoopBackOff", backing_off)
+    rm = story.get()
+    assert rm["status"]["phase"] == "Degraded" and condition(rm, "Degraded")["reason"] == "BackendUnavailable"
+    row = world.cluster.kubectl("get", "residentmodels", "-n", story.namespace, "--no-headers").stdout.split()
+    assert row[:2] == [story.name, "Degraded"] and row[3] == "0/3"
+    warnings = [e.reason for e in core.list_namespaced_event(story.namespace).items
+                if e.involved_object.kind == "ResidentModel" and e.type == "Warning"]
+    assert "BackendUnavailable" in warnings
+
+    story.delete_and_wait_gone()
+    until("every child gone", lambda: not any(story.leftovers()[k] for k in ("pods", "bundleDeliveries", "services"))
+          or None, timeout=90)
