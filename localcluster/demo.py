@@ -69,7 +69,9 @@ def show_events(cluster, facts: DemoFacts) -> None:
     """The model's Kubernetes Events, oldest first, one line each."""
     events = json.loads(cluster.kubectl("get", "events", "-n", NAMESPACE, "-o", "json",
                                         f"--field-selector=involvedObject.name={NAME}").stdout)["items"]
-    events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    # timestamps have whole seconds; the resourceVersion orders the writes within one
+    events.sort(key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
+                               int(e["metadata"].get("resourceVersion") or 0)))
     shown = events[-EVENTS_SHOWN:]
     stamp(f"the model's Events (last {len(shown)} of {len(events)}; kubectl describe rm {NAME} -n {NAMESPACE})")
     detail("\n".join(f"{e.get('type', ''):<8} {e.get('reason', ''):<22} {clip(e.get('message') or '', 80)}"
