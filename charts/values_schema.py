@@ -47,7 +47,6 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "operator.bindAddress": BIND_ADDRESS,
     "operator.healthPort": PORT,
     "operator.metricsPort": PORT,
-    "operator.owner.image.repository": {"minLength": 1},
     "operator.owner.timeoutSeconds": POSITIVE_SECONDS,
     "operator.resyncSeconds": POSITIVE_SECONDS,
     "operator.sweepSeconds": POSITIVE_SECONDS,

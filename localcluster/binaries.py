@@ -7,6 +7,10 @@ builds of kube-apiserver on the first custom-resource create), and build the
 components the way ``debian/rules`` does. The result is cached outside the
 repository under ``$RESIDENT_CACHE`` (default ``/var/cache/resident``), keyed by
 the source version, so later runs only check that the files exist.
+
+What apt and the build print goes to log files under ``$RESIDENT_CACHE/logs``
+(``apt.log``, ``kubernetes-build.log``); the screen gets one line per step and, during
+the 5-10 minute first build, its progress (:func:`localcluster.progress.run_logged`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+
+from .progress import run_logged
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +45,18 @@ def bin_dir() -> Path:
     return cache_root() / f"kubernetes-{K8S_VERSION}" / "bin"
 
 
-def _run(cmd: list[str], **kw) -> None:
-    log.info("run %s", " ".join(cmd))
-    subprocess.run(cmd, check=True, **kw)
+def logs_dir() -> Path:
+    return cache_root() / "logs"
+
+
+def _apt(script: str, args: list[str], what: str) -> None:
+    """Run an apt-get shell ``script`` (``$@`` is ``args``) as one logged step."""
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run_logged(["sh", "-ec", script, "apt", *args], logs_dir() / "apt.log", what, env=env)
+
+
+def _build_step(argv: list[str], what: str, **popen) -> None:
+    run_logged(argv, logs_dir() / "kubernetes-build.log", what, **popen)
 
 
 def apt_install(packages: tuple[str, ...] | list[str]) -> None:
@@ -51,9 +66,8 @@ def apt_install(packages: tuple[str, ...] | list[str]) -> None:
     ).stdout != "install ok installed"]
     if not missing:
         return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    _run(["apt-get", "update", "-qq"], env=env)
-    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env)
+    _apt('apt-get update && apt-get install -y --no-install-recommends "$@"', missing,
+         f"installing Debian packages: {' '.join(missing)}")
 
 
 def _enable_deb_src() -> None:
@@ -63,7 +77,7 @@ def _enable_deb_src() -> None:
         "Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\n"
         "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
     )
-    _run(["apt-get", "update", "-qq"])
+    _apt("apt-get update", [], "updating Debian's package lists (with sources)")
 
 
 def _unpack_source(work: Path) -> Path:
@@ -72,9 +86,10 @@ def _unpack_source(work: Path) -> Path:
         return tree
     _enable_deb_src()
     work.mkdir(parents=True, exist_ok=True)
-    _run(["apt-get", "source", "--download-only", "kubernetes"], cwd=work)
+    _build_step(["apt-get", "source", "--download-only", "kubernetes"], "downloading Debian's kubernetes source",
+                cwd=work)
     dsc = sorted(glob.glob(str(work / "kubernetes_*.dsc")))[-1]
-    _run(["dpkg-source", "-x", "--skip-patches", dsc, str(tree)], cwd=work)
+    _build_step(["dpkg-source", "-x", "--skip-patches", dsc, str(tree)], "unpacking the kubernetes source", cwd=work)
     vendored = tree / "vendor/github.com/modern-go/reflect2"
     shutil.rmtree(vendored)
     vendored.mkdir()
@@ -102,8 +117,9 @@ def ensure_binaries(components: tuple[str, ...] = CONTROL_PLANE) -> Path:
         GOCACHE=str(cache_root() / "gocache"), GOFLAGS="",
     )
     what = " ".join(f"cmd/{c}" for c in wanted)
-    log.info("building %s (first run on this machine: several minutes)", what)
-    _run(["make", f"WHAT={what}"], cwd=tree, env=env)
+    _build_step(["make", f"WHAT={what}"],
+                f"building Kubernetes {K8S_VERSION} ({', '.join(wanted)}; first run on this machine, 5-10 min)",
+                cwd=tree, env=env)
     out.mkdir(parents=True, exist_ok=True)
     for c in wanted:
         built = tree / "_output/local/bin/linux/amd64" / c

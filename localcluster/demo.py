@@ -13,6 +13,12 @@
 6. Delete the model and show that no Pod, BundleDelivery, lease or mount is left.
 Every process started is stopped, and what kubelet changed on the machine is restored.
 
+Each step prints one line with the time since the run began (``[ 12.3s] cluster up``;
+:mod:`localcluster.progress`); what apt, pip and the first-run Kubernetes build print goes
+to log files, and the build shows its progress. The run ends with a summary of what it
+showed (:mod:`localcluster.demo_summary`): the transitions table, the time to Ready, the
+revisions that answered through the Service, each switch, and the clean teardown.
+
 With ``--backend torch`` the model is a Hugging Face checkpoint instead: a tiny
 Llama-style one that ``resident bundle make-demo --format hf`` makes (random weights, a
 real tokenizer), in three revisions: A, B with 5% of A's rows changed (applied in place)
@@ -25,6 +31,7 @@ built on first use, about 1.5 minutes, then cached), which the model names in
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tempfile
@@ -32,26 +39,47 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .images import owner_torch_image
+from .demo_summary import DemoFacts, summary, transition_line
+from .images import cached_image_names, owner_torch_image, project_image
 from .install import install
 from .node import LocalCluster
-from .scenario import (BundleServer, Story, format_table, make_bundles, make_hf_bundles, model_body, transition_row,
-                       whole_bundle_reload)
+from .progress import detail, duration, stamp
+from .scenario import BundleServer, Story, make_bundles, make_hf_bundles, model_body, whole_bundle_reload
 
 NAMESPACE, NAME = "demo", "tiny-lm"
+EVENTS_SHOWN = 8
 
 
-def step(text: str) -> None:
-    print(f"\n==> {text}", flush=True)
-
-
-def show_completion(story: Story, prompt: str = "Resident keeps models") -> None:
+def show_completion(story: Story, prompt: str, letter: str, facts: DemoFacts) -> None:
     """What an application does: an OpenAI completion through the model's Service."""
     address, answer = story.complete(prompt)
-    rm = story.get()
-    print(f"    POST {rm['status']['endpoint']}/v1/completions (on this node: its endpoint {address})")
-    print(f"    -> text {answer['choices'][0]['text']!r} from revision {answer['system_fingerprint'][:19]}"
-          f" (status identity {rm['status']['identity']['bundle'][:19]}; the demo model has random weights)")
+    endpoint = story.get()["status"]["endpoint"]
+    digest = answer["system_fingerprint"]
+    facts.answers.append((letter, digest))
+    detail(f"POST {endpoint}/v1/completions (on this node: its endpoint {address})\n"
+           f"-> {answer['choices'][0]['text']!r} from revision {letter} {digest[:19]}"
+           f"{' (random weights)' if facts.backend == 'cpu' else ''}")
+
+
+def owner_uids(story: Story) -> list[str]:
+    return sorted(o.get("uid", "") for o in story.get()["status"].get("owners") or [])
+
+
+def show_events(cluster, facts: DemoFacts) -> None:
+    """The model's Kubernetes Events, oldest first, one line each."""
+    events = json.loads(cluster.kubectl("get", "events", "-n", NAMESPACE, "-o", "json",
+                                        f"--field-selector=involvedObject.name={NAME}").stdout)["items"]
+    # timestamps have whole seconds; the resourceVersion orders the writes within one
+    events.sort(key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
+                               int(e["metadata"].get("resourceVersion") or 0)))
+    shown = events[-EVENTS_SHOWN:]
+    stamp(f"the model's Events (last {len(shown)} of {len(events)}; kubectl describe rm {NAME} -n {NAMESPACE})")
+    detail("\n".join(f"{e.get('type', ''):<8} {e.get('reason', ''):<22} {clip(e.get('message') or '', 80)}"
+                      for e in shown))
+
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 @dataclass
@@ -67,80 +95,105 @@ class DemoModel:
 
 def demo_model(backend: str, work: Path, size_mib: int) -> DemoModel:
     if backend == "torch":
-        step(f"generating a {size_mib} MiB Hugging Face checkpoint (Llama-style) in 3 revisions under {work}")
         digests, dirs = make_hf_bundles(work, size_mib * 2**20)
-        step("building the owner-torch image (project image + the torch extra; cached after the first run)")
+        stamp(f"generated a {size_mib} MiB Hugging Face checkpoint (Llama-style) in 3 revisions under {work}")
+        show_revisions(digests)
+        stamp("owner-torch image (project image + the torch extra; about 1.5 min the first time) ...")
         image = owner_torch_image()
-        print(f"    {image[0]}")
+        stamp(f"owner-torch image {image[0]}")
         return DemoModel(digests, dirs, [("A->B rows", "b", False), ("B->C config", "c", False)],
                          "the model revision", image)
-    step(f"generating a {size_mib} MiB demo model in 4 revisions under {work}")
     revs, dirs = make_bundles(work, size_mib * 2**20)
-    return DemoModel({k: getattr(revs, k) for k in "abcd"}, dirs,
+    digests = {k: getattr(revs, k) for k in "abcd"}
+    stamp(f"generated a {size_mib} MiB demo model in 4 revisions under {work}")
+    show_revisions(digests)
+    return DemoModel(digests, dirs,
                      [("A->B graph", "b", False), ("B->C rows", "c", False), ("C->D rebase", "d", True)],
                      "Resident keeps models")
+
+
+def show_revisions(digests: dict[str, str]) -> None:
+    detail("\n".join(f"rev {k.upper()}: {digest}" for k, digest in digests.items()))
+
+
+def ensure_project_image() -> None:
+    """Build the project image now (a first run takes minutes) so the install step is only the install."""
+    cached = cached_image_names()
+    began = time.monotonic()
+    name, _ = project_image()
+    how = "cached" if name in cached else f"built in {duration(time.monotonic() - began)}"
+    stamp(f"project image {name} (operator, bridge and owner in one): {how}")
 
 
 def run(size_mib: int, work: Path, keep: bool, backend: str = "cpu") -> int:
     began = time.monotonic()
     model = demo_model(backend, work, size_mib)
-    for k, digest in model.digests.items():
-        print(f"    rev {k.upper()}: {digest}")
+    facts = DemoFacts(f"{NAMESPACE}/{NAME}", backend, size_mib)
 
-    step("starting the local cluster on 127.0.0.1 (first run builds Kubernetes and the image)")
-    with LocalCluster() as cluster, BundleServer(work / "served", work / "logs") as server:
-        print(f"    node {cluster.node_name} Ready; API at {cluster.server}")
-        step(f"pushing the revisions to the bundle server {server.url}")
+    stamp("starting the local cluster on 127.0.0.1 (the first run on a machine builds Kubernetes: 5-10 min) ...")
+    cluster = LocalCluster()
+    with cluster, BundleServer(work / "served", work / "logs") as server:
+        waited = cluster.timings.get("lock_wait_seconds", 0)
+        stamp(f"cluster up in {duration(cluster.timings['start_seconds'])}: node {cluster.node_name} Ready, "
+              f"API {cluster.server}" + (f" (first waited {duration(waited)} for another run on this node)"
+                                         if waited >= 1 else ""))
         for bundle_dir in model.dirs.values():
             server.push(bundle_dir)
-        step("installing Resident with its Helm chart (operator, bridge DaemonSet, CSIDriver, CRDs)")
+        stamp(f"{len(model.dirs)} revisions on the bundle server {server.url}")
+        ensure_project_image()
+        installed = time.monotonic()
         installation = install(cluster)
         if model.image:
             cluster.import_image(model.image[1])
-        print(cluster.kubectl("get", "pods,daemonsets,deployments", "-n", installation.namespace).stdout)
-        print(cluster.kubectl("get", "csidrivers").stdout, end="")
+        stamp(f"Resident installed by its Helm chart in {duration(time.monotonic() - installed)}: operator, "
+              f"bridge (CSI driver bundles.resident.dev), CRDs")
+        detail(cluster.kubectl("get", "pods", "-n", installation.namespace).stdout)
 
         cluster.kubectl("create", "namespace", NAMESPACE)
         cluster.wait_for_service_account(NAMESPACE)
         story = Story(cluster, NAMESPACE, NAME, installation.bridge_root)
-        step(f"applying ResidentModel {NAMESPACE}/{NAME} ({backend} backend) on revision A")
+        applied = time.monotonic()
         story.apply(model_body(NAME, server.url, model.digests["a"], image=model.image and model.image[0]))
+        stamp(f"applied ResidentModel {NAMESPACE}/{NAME} ({backend} backend) on revision A ...")
         story.wait_ready(model.digests["a"])
-        print(cluster.kubectl("get", "rm", "-n", NAMESPACE).stdout, end="")
-        print(cluster.kubectl("get", "endpoints", NAME, "-n", NAMESPACE).stdout, end="")
-        show_completion(story, model.prompt)
+        facts.ready_seconds = time.monotonic() - applied
+        stamp(f"{NAME} Ready in {duration(facts.ready_seconds)}")
+        detail(cluster.kubectl("get", "rm", "-n", NAMESPACE).stdout)
+        show_completion(story, model.prompt, "A", facts)
 
-        rows = []
+        facts.owner_pods += owner_uids(story)
         for label, k, whole in model.transitions:
-            step(f"transition {label}")
             digest = model.digests[k]
             last = story.transition(whole_bundle_reload(server.url, digest) if whole
                                     else {"bundle": {"source": server.url, "digest": digest}})
-            rows.append(transition_row(label, last))
-            print("    " + format_table(rows[-1:]).splitlines()[1])
+            facts.transitions.append((label, last))
+            stamp(f"transition {transition_line(label, last)}")
             if model.image:   # a real checkpoint: each revision answers differently
-                show_completion(story, model.prompt)
+                show_completion(story, model.prompt, k.upper(), facts)
+        facts.owner_pods += owner_uids(story)
         if not model.image:
-            show_completion(story, model.prompt)
-        step("transitions, from the ResidentModel's status.lastTransition")
-        print(format_table(rows))
-        print(cluster.kubectl("describe", "rm", NAME, "-n", NAMESPACE).stdout.split("Events:")[-1][:3000])
+            show_completion(story, model.prompt, model.transitions[-1][1].upper(), facts)
+        show_events(cluster, facts)
 
-        step("deleting the ResidentModel")
+        deleted = time.monotonic()
         story.delete_and_wait_gone()
-        left = story.leftovers()
-        for what, items in left.items():
-            print(f"    {what:<17} {len(items)} left {items if items else ''}")
+        facts.leftovers = story.leftovers()
+        left = {what: items for what, items in facts.leftovers.items() if items}
+        stamp(f"ResidentModel deleted in {duration(time.monotonic() - deleted)}; "
+              + (f"LEFT BEHIND: {left}" if left else f"nothing left ({', '.join(facts.leftovers)}: none)"))
         if keep:
-            step(f"cluster kept running; KUBECONFIG={cluster.kubeconfig}; Ctrl-C stops it")
+            stamp(f"cluster kept running; KUBECONFIG={cluster.kubeconfig}; Ctrl-C stops it")
             try:
                 while True:
                     time.sleep(3600)
             except KeyboardInterrupt:
                 pass
-        step("stopping every process and restoring the machine")
-    print(f"\ndone in {time.monotonic() - began:.0f}s")
-    return 1 if any(left.values()) else 0
+        stamp("stopping every process and restoring the machine ...")
+    facts.teardown_seconds = cluster.timings.get("teardown_seconds")
+    facts.total_seconds = time.monotonic() - began
+    stamp(f"machine restored in {duration(facts.teardown_seconds or 0)}")
+    print(f"\nWhat this run showed\n\n{summary(facts)}\n", flush=True)
+    return 1 if any(facts.leftovers.values()) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,11 @@ Everything lives under ``<cache>/images`` (``/var/cache/resident/images``), writ
 temporary names and renamed into place, and built under a file lock so two test sessions
 on one machine do not build the same thing twice. ``python -m localcluster.images --help``
 builds them from the command line.
+
+This is also the recipe users install from (``scripts/images --out DIR``, README "Install
+on a cluster"): a layout tarball is an OCI archive that any registry client pushes
+(``skopeo copy oci-archive:DIR/resident.tar docker://REGISTRY/resident:TAG``), so the image
+on a user's cluster is byte for byte the one the e2e tests and the demo run.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .binaries import apt_install, cache_root
-from .oci_layout import ContainerConfig, Layer, pack_layer, write_image_layout
+from .oci_layout import ContainerConfig, Layer, image_manifest, pack_layer, write_image_layout
 from .rootfs import DEBIAN_PACKAGES, DPKG_OPTIONS, MIRROR, SUITE, USER_ID, VENV, build_rootfs_tar, python_requirements
 from .torch_layer import build_torch_layer_tar, torch_requirements
 from .wheel_layer import build_wheel, project_files, tree_digest, wheel_layer_tar
@@ -199,9 +204,10 @@ def _write_meta(meta: Path, doc: dict) -> None:
 
 
 def _project_config() -> ContainerConfig:
-    # like docker/Dockerfile's `resident` and `owner` targets: the chart passes only args,
-    # and the default user is the non-root `resident` (owner Pods set runAsNonRoot; the
-    # chart runs the bridge as root explicitly)
+    # what the chart expects: the operator container passes only args (`operator ...`) to the
+    # entrypoint; the bridge and the owners (the operator's Pods) name `resident ...` as their
+    # command, found on PATH. The default user is the non-root `resident` (the chart's
+    # operator.runAsUser; owner Pods set runAsNonRoot; the chart runs the bridge as root)
     return ContainerConfig(env=[f"PATH={PROJECT_PATH}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
                            entrypoint=["resident"], cmd=["--help"], user=f"{USER_ID}:{USER_ID}")
 
@@ -293,14 +299,34 @@ def clear_cache(cache: Path | None = None) -> None:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+ARCHIVE_NAMES = {"pause": "pause.tar", "project": "resident.tar", "owner-torch": "owner-torch.tar"}
+
+
+def export_archive(tarball: Path, out_dir: Path, file_name: str) -> Path:
+    """Copy a cached image's layout tarball to ``out_dir/file_name`` (atomically), for a
+    registry client: the tarball is an OCI archive (``skopeo copy oci-archive:...``). A
+    copy, not a link, so pruning the cache never changes what a user was handed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / file_name
+    partial = out.with_name(out.name + ".partial")
+    shutil.copyfile(tarball, partial)
+    partial.rename(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m localcluster.images", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clear", action="store_true", help="delete the image cache first (forces a cold build)")
-    parser.add_argument("--only", choices=("pause", "project", "owner-torch"),
+    parser.add_argument("--only", choices=tuple(ARCHIVE_NAMES),
                         help="build just this image (owner-torch, the project image plus the torch extra"
                              " for the torch backend, is built only when named here)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="write the image as an OCI archive into DIR for your registry: DIR/resident.tar"
+                             " (with --only owner-torch: DIR/owner-torch.tar), then e.g. `skopeo copy"
+                             " oci-archive:DIR/resident.tar docker://REGISTRY/resident:TAG`. Without --only,"
+                             " --out builds the project image alone (pause is the local cluster's sandbox)")
     args = parser.parse_args(argv)
     from bundle.jsonlog import configure
     from tqdm import tqdm
@@ -309,13 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.clear:
         clear_cache()
     builds = {"pause": pause_image, "project": project_image, "owner-torch": owner_torch_image}
-    steps = [(args.only, builds[args.only])] if args.only else [("pause", pause_image), ("project", project_image)]
+    labels = [args.only] if args.only else ["project"] if args.out else ["pause", "project"]
     report = {}
-    for label, build in tqdm(steps, desc="images", unit="image"):
+    for label in tqdm(labels, desc="images", unit="image"):
         began = time.monotonic()
-        name, path = build()
+        name, path = builds[label]()
+        if args.out:
+            path = export_archive(path, args.out, ARCHIVE_NAMES[label])
         report[label] = {"image": name, "tarball": str(path), "bytes": path.stat().st_size,
-                         "seconds": round(time.monotonic() - began, 2)}
+                         "manifest": image_manifest(path).digest, "seconds": round(time.monotonic() - began, 2)}
     print(json.dumps(report, indent=1))
     return 0
 

@@ -1,7 +1,8 @@
 """Install Resident into a LocalCluster the way a platform team would: the Helm chart.
 
 The project image (operator, bridge and owner in one) is built from Debian packages plus
-the wheel and imported into the node's containerd (:mod:`localcluster.images`); then
+the wheel and imported into the node's containerd (:mod:`localcluster.images`; the same
+image ``scripts/images --out DIR`` hands users for their registry); then
 ``charts/resident`` is installed with Helm's own library (:mod:`charts.helmenv`) and
 the values a single-node cluster without a Pod network needs: hostNetwork everywhere,
 endpoints on 127.0.0.1, owners and the API server reached at 127.0.0.1, and the bridge serving kubelet's
@@ -43,7 +44,8 @@ def local_values(image: str, api_port: int, bridge_root: Path) -> dict:
         "operator": {
             "hostNetwork": True, "bindAddress": "127.0.0.1",
             "healthPort": OPERATOR_HEALTH_PORT, "metricsPort": OPERATOR_METRICS_PORT,
-            "owner": {"image": ref, "hostNetwork": True, "host": "127.0.0.1"},
+            # no owner image: the chart's default, the project image, as for users
+            "owner": {"hostNetwork": True, "host": "127.0.0.1"},
             "extraEnv": api_env,
         },
         "bridge": {

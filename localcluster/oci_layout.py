@@ -169,22 +169,61 @@ def write_image_layout(out_path: Path, name: str, layers: list[Layer], container
     return out_path
 
 
-def image_names(layout_tar: Path) -> list[str]:
-    """The image names an image-layout tarball carries; a clear error if it is not one."""
+def _read_index(tar: tarfile.TarFile, layout_tar: Path) -> dict:
+    try:
+        layout = json.load(tar.extractfile("oci-layout"))
+        index = json.load(tar.extractfile("index.json"))
+    except (KeyError, AttributeError, json.JSONDecodeError) as e:
+        raise OciLayoutError(f"{layout_tar} is not an OCI image layout (oci-layout/index.json: {e})") from e
+    if layout.get("imageLayoutVersion") != "1.0.0":
+        raise OciLayoutError(f"{layout_tar}: unsupported imageLayoutVersion {layout.get('imageLayoutVersion')!r}")
+    return index
+
+
+def _open_layout(layout_tar: Path) -> tarfile.TarFile:
     if not Path(layout_tar).is_file():
         raise FileNotFoundError(f"image tarball {layout_tar} does not exist")
     if not tarfile.is_tarfile(layout_tar):
         raise OciLayoutError(f"{layout_tar} is not a tar archive, so not an OCI image layout")
-    with tarfile.open(layout_tar) as tar:
-        try:
-            layout = json.load(tar.extractfile("oci-layout"))
-            index = json.load(tar.extractfile("index.json"))
-        except (KeyError, AttributeError, json.JSONDecodeError) as e:
-            raise OciLayoutError(f"{layout_tar} is not an OCI image layout (oci-layout/index.json: {e})") from e
-    if layout.get("imageLayoutVersion") != "1.0.0":
-        raise OciLayoutError(f"{layout_tar}: unsupported imageLayoutVersion {layout.get('imageLayoutVersion')!r}")
+    return tarfile.open(layout_tar)
+
+
+def image_names(layout_tar: Path) -> list[str]:
+    """The image names an image-layout tarball carries; a clear error if it is not one."""
+    with _open_layout(layout_tar) as tar:
+        index = _read_index(tar, layout_tar)
     names = [m.get("annotations", {}).get(NAME_ANNOTATION) for m in index.get("manifests", [])]
     if not names or None in names:
         raise OciLayoutError(f"{layout_tar}: every index entry needs the {NAME_ANNOTATION} annotation")
     return names
 
+
+@dataclass(frozen=True)
+class ImageManifest:
+    """The one image of a layout tarball: its manifest's digest, the manifest and the config."""
+
+    digest: str
+    manifest: dict
+    config: dict
+
+
+def image_manifest(layout_tar: Path) -> ImageManifest:
+    """Read the single image of an image-layout tarball (what a registry client pushes)."""
+    with _open_layout(layout_tar) as tar:
+        entries = _read_index(tar, layout_tar).get("manifests", [])
+        if len(entries) != 1:
+            raise OciLayoutError(f"{layout_tar}: want exactly one image in index.json, found {len(entries)}")
+
+        def blob(digest: str) -> bytes:
+            try:
+                data = tar.extractfile(f"blobs/sha256/{digest.split(':', 1)[1]}").read()
+            except (KeyError, AttributeError) as e:
+                raise OciLayoutError(f"{layout_tar}: blob {digest} is missing") from e
+            if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
+                raise OciLayoutError(f"{layout_tar}: blob {digest} does not match its digest")
+            return data
+
+        digest = entries[0]["digest"]
+        manifest = json.loads(blob(digest))
+        config = json.loads(blob(manifest["config"]["digest"]))
+    return ImageManifest(digest, manifest, config)

@@ -256,4 +256,4 @@ TABLE_HEADER = ["transition", "path", "method", "strategy", "fetched MiB", "reus
 def format_table(rows: list[list[str]]) -> str:
     table = [TABLE_HEADER, *rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(TABLE_HEADER))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in table)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)

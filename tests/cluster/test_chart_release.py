@@ -151,7 +151,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert op["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
         assert {p["name"]: p["containerPort"] for p in op["ports"]} == {"health": 8080, "metrics": 9090}
         env = {e["name"]: e.get("value") for e in op["env"]}
-        assert env["RESIDENT_OWNER_IMAGE"] == "ghcr.io/resident-dev/resident-owner:0.1.0"
+        assert env["RESIDENT_OWNER_IMAGE"] == "ghcr.io/resident-dev/resident:0.1.0"   # one project image
         assert env["RESIDENT_OWNER_HOST_NETWORK"] == "false" and not pod_spec.get("hostNetwork")
         assert env["RESIDENT_OWNER_RUN_AS_NON_ROOT"] == "true"
         assert_restricted(pod_spec, op)
@@ -245,6 +245,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         env = {e["name"]: e.get("value") for e in op["env"]}
         assert env["RESIDENT_OWNER_HOST"] == "127.0.0.1" and env["RESIDENT_OWNER_HOST_NETWORK"] == "true"
         assert env["RESIDENT_OWNER_RUN_AS_NON_ROOT"] == "false"
+        assert env["RESIDENT_OWNER_IMAGE"] == "localhost/resident:dev"   # owners follow the project image
         assert op["args"][1:3] == ["--namespace=models", "--namespace=team-*"]
         assert "--all-namespaces" not in op["args"]
         assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in get(
@@ -361,6 +362,23 @@ def test_owner_network_policies_go_to_every_listed_namespace(cluster, namespace,
     finally:
         helm.uninstall(release)
     assert items(cluster, "networkpolicies", f"{INSTANCE}={release}", "default") == []
+
+
+def test_a_vendor_owner_image_replaces_the_project_image(cluster, namespace, helm):
+    """Owners run the project image unless operator.owner.image names another (e.g. a vendor
+    SDK image); its tag defaults to the chart's appVersion, not to image.tag."""
+    release = f"ow-{uuid.uuid4().hex[:6]}"
+    helm.install(release, {"crds": {"enabled": False}, "csiDriver": {"create": False}, "bridge": {"enabled": False},
+                           "image": {"tag": "dev"},
+                           "operator": {"owner": {"image": {"repository": "vendor.example/owner"}}}})
+    try:
+        op = containers(get(cluster, "deployment", "-n", namespace,
+                            f"{release}-resident-operator")["spec"]["template"]["spec"])["operator"]
+        env = {e["name"]: e.get("value") for e in op["env"]}
+        assert op["image"] == "ghcr.io/resident-dev/resident:dev"
+        assert env["RESIDENT_OWNER_IMAGE"] == "vendor.example/owner:0.1.0"
+    finally:
+        helm.uninstall(release)
 
 
 def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):

@@ -14,8 +14,9 @@ import pytest
 
 from localcluster.containerd import containerd_config
 from localcluster.kubelet import kubelet_argv, kubelet_config, resolves_to_loopback
-from localcluster.oci_layout import (ContainerConfig, OciLayoutError, check_image_name, image_documents, image_names,
-                                     pack_layer, write_image_layout)
+from localcluster.images import export_archive
+from localcluster.oci_layout import (ContainerConfig, OciLayoutError, check_image_name, image_documents, image_manifest,
+                                     image_names, pack_layer, write_image_layout)
 from localcluster.wheel_layer import ProjectTreeError, console_scripts, launcher, tree_digest, wheel_layer_tar
 
 
@@ -92,6 +93,39 @@ def test_image_names_explains_what_is_wrong(tmp_path):
     foreign = make_tar(tmp_path / "foreign.tar", {"hello": b"x"})
     with pytest.raises(OciLayoutError, match="not an OCI image layout"):
         image_names(foreign)
+
+
+def test_image_manifest_reads_the_one_image_and_checks_its_blobs(tmp_path):
+    layer = pack_layer(make_tar(tmp_path / "l.tar", {"a": b"1"}), tmp_path / "l.tar.gz")
+    out = write_image_layout(tmp_path / "img.tar", "resident.local/t:1", [layer],
+                             ContainerConfig(entrypoint=["resident"], user="10001:10001"))
+    image = image_manifest(out)
+    with tarfile.open(out) as tar:
+        index = json.load(tar.extractfile("index.json"))
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert image.digest == index["manifests"][0]["digest"]
+    assert [entry["digest"] for entry in image.manifest["layers"]] == [layer.digest]
+    assert image.config["config"]["Entrypoint"] == ["resident"] and image.config["config"]["User"] == "10001:10001"
+    config_member = f"blobs/sha256/{image.manifest['config']['digest'].split(':')[1]}"
+    members[config_member] = b"{}"     # a config that is not the one the manifest names
+    make_tar(tmp_path / "bad.tar", members)
+    with pytest.raises(OciLayoutError, match="does not match its digest"):
+        image_manifest(tmp_path / "bad.tar")
+    del members[config_member]
+    make_tar(tmp_path / "missing.tar", members)
+    with pytest.raises(OciLayoutError, match="is missing"):
+        image_manifest(tmp_path / "missing.tar")
+
+
+def test_an_exported_archive_is_a_copy_the_cache_cannot_change(tmp_path):
+    layer = pack_layer(make_tar(tmp_path / "l.tar", {"a": b"1"}), tmp_path / "l.tar.gz")
+    cached = write_image_layout(tmp_path / "resident-abc.oci.tar", "resident.local/resident:abc", [layer],
+                                ContainerConfig())
+    out = export_archive(cached, tmp_path / "dist" / "images", "resident.tar")
+    assert out == tmp_path / "dist" / "images" / "resident.tar"
+    assert out.read_bytes() == cached.read_bytes() and out.stat().st_ino != cached.stat().st_ino
+    cached.unlink()                    # the cache pruned it
+    assert image_manifest(out).manifest["layers"][0]["digest"] == layer.digest
 
 
 def make_wheel(path: Path, members: dict[str, bytes]) -> Path:

@@ -48,9 +48,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/*
+The default owner image. One project image holds the operator, the bridge and the owner
+(the operator starts owners with the command `resident owner ...`), so an empty
+operator.owner.image.repository means that image, with its tag.
+*/}}
 {{- define "resident.ownerImage" -}}
 {{- $img := .Values.operator.owner.image -}}
+{{- if $img.repository -}}
 {{- printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default (default .Chart.AppVersion .Values.image.tag) $img.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
