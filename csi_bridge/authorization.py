@@ -4,8 +4,8 @@ With ``podInfoOnMount`` kubelet tells the bridge which Pod a volume is for. A bu
 declared in a namespace by a ResidentModel there: its ``spec.bundle`` (digest and source)
 or, while a transition is under way, the revision it currently reports in
 ``status.identity.bundle``. A Pod naming a bundle no ResidentModel of its namespace
-declares gets PERMISSION_DENIED, so one tenant cannot read another's model by copying its
-digest.
+declares gets PERMISSION_DENIED. Declaring a digest is not enough to read it: a copied
+digest with a bogus source is stopped by the proof of possession (``possession.py``).
 
 Three policies, chosen by ``--authorize``:
 - ``api`` reads ResidentModels from the Kubernetes API (the production policy);

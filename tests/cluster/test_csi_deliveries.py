@@ -319,10 +319,10 @@ def test_a_failed_delivery_is_retried_with_backoff_until_the_source_returns(worl
     push(w.tmp / "v2", source)        # the server holds v2, then goes down
     stop(*srv)
     bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.api,
+                                 root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
                                  private_metrics=True)).start()
     bridge.publisher.open_source = lambda uri: open_source(uri, RetryPolicy(attempts=2, backoff_seconds=0.01))
-    watcher = DeliveryWatcher(bridge, w.api, resync_seconds=1.0, backoff=Backoff(1.0, 2.0))
+    watcher = DeliveryWatcher(bridge, w.bridge_api, resync_seconds=1.0, backoff=Backoff(1.0, 2.0))
     srv = None
     try:
         with CsiClient(w.tmp / "csi.sock") as c:
@@ -357,7 +357,7 @@ def test_a_failed_delivery_is_retried_with_backoff_until_the_source_returns(worl
 def test_a_delivery_whose_spec_cannot_be_staged_is_not_retried(world):
     w = world
     bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                 root=w.tmp / "data", authorize="api", api_client=w.api,
+                                 root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
                                  deliveries=True, private_metrics=True,
                                  delivery_retry_seconds=0.2)).start()
     try:
@@ -380,7 +380,7 @@ def test_a_delivery_the_store_has_no_room_for_fails_with_the_cause_and_keeps_the
     big = make_bundle(w.tmp / "big", {"w.safetensors": os.urandom(12 << 20), "graph.onnx": b"big"})
     with loop_filesystem("ext4", 8 << 20) as mnt:
         bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
-                                     root=mnt / "data", authorize="api", api_client=w.api,
+                                     root=mnt / "data", authorize="api", api_client=w.bridge_api,
                                      deliveries=True, private_metrics=True)).start()
         try:
             with CsiClient(w.tmp / "csi.sock") as c:
