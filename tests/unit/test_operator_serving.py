@@ -42,3 +42,11 @@ def test_disruption_budget_bounds_evictions_by_max_unavailable():
         ("policy/v1", "PodDisruptionBudget", "tiny")
     assert pdb["spec"] == {"maxUnavailable": 2, "selector": {"matchLabels": {
         naming.LABEL_MODEL_UID: "uid-1", naming.LABEL_COMPONENT: naming.COMPONENT_OWNER}}}
+
+
+def test_a_reloading_owner_drains_only_when_another_replica_can_take_its_traffic():
+    from resident_operator.owner_step import DRAIN_MARGIN_SECONDS, drain_seconds
+    from resident_operator.settings import OperatorSettings
+    settings = OperatorSettings(owner_image="x", readiness_period_seconds=3)
+    assert drain_seconds(spec(replicas=1), settings) == 0.0
+    assert drain_seconds(spec(replicas=2), settings) == 3 + DRAIN_MARGIN_SECONDS
