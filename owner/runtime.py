@@ -209,11 +209,16 @@ class Owner:
             self.finished.notify_all()
 
     def wait_transition(self, tid: str, seconds: float) -> api.TransitionStatus | None:
-        """The transition ``tid`` once it has a result, or as it is after ``seconds``."""
+        """A copy of the transition ``tid`` once it has a result, or as it is after ``seconds``.
+
+        The copy is taken under the lock ``finish`` sets the result under, and the result is
+        set after identity and state: an answer that says succeeded names the new identity,
+        whatever order the fields are serialized in."""
         with self.finished:
             self.finished.wait_for(lambda: self.transitions.get(tid) is None
                                    or self.transitions[tid].result != "running", timeout=seconds)
-            return self.transitions.get(tid)
+            status = self.transitions.get(tid)
+            return None if status is None else status.model_copy(deep=True)
 
     def _remember(self, status: api.TransitionStatus) -> None:
         self.transitions[status.id] = status
