@@ -87,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp11-"))
     before = benchkit.machine()
-    revs, dirs = make_bundles(work, args.size_mib * 2**20)
-    for k in "bcd":
-        shutil.rmtree(dirs[k])
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, ignore_errors=True)   # last, also when a round fails
+        revs, dirs = make_bundles(work, args.size_mib * 2**20)
+        for k in "bcd":
+            shutil.rmtree(dirs[k])
         cluster = stack.enter_context(LocalCluster())
         server = stack.enter_context(BundleServer(work / "served", work / "logs"))
         server.push(dirs["a"])
@@ -154,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
             return once
 
         samples = benchkit.run_rounds(args.rounds, {name: arm(name) for name in ARMS})
-    shutil.rmtree(work, ignore_errors=True)
     raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "clients": 4,
                       "models": MODELS, "arms": ARMS, "steady_seconds": STEADY_SECONDS},
            **benchkit.provenance(before, benchkit.machine()), "samples": samples}
