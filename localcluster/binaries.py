@@ -6,7 +6,9 @@ registry, unpack the source, replace the vendored reflect2 (v1.0.1 crashes Go >=
 builds of kube-apiserver on the first custom-resource create), and build the
 components the way ``debian/rules`` does. The result is cached outside the
 repository under ``$RESIDENT_CACHE`` (default ``/var/cache/resident``), keyed by
-the source version, so later runs only check that the files exist.
+the source version, so later runs only check that the files exist. Processes that start
+at once on a fresh machine (a demo and a test run) build it once: the second waits for the
+first under a file lock and finds the binaries made.
 
 What apt and the build print goes to log files under ``$RESIDENT_CACHE/logs``
 (``apt.log``, ``kubernetes-build.log``); the screen gets one line per step and, during
@@ -15,11 +17,13 @@ the 5-10 minute first build, its progress (:func:`localcluster.progress.run_logg
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import logging
 import os
 import shutil
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 from .progress import run_logged
@@ -99,13 +103,29 @@ def _unpack_source(work: Path) -> Path:
     return tree
 
 
+@contextmanager
+def build_lock(cache: Path):
+    """Hold ``cache``'s build lock: one process at a time builds into that cache."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_binaries(components: tuple[str, ...] = CONTROL_PLANE) -> Path:
     """Return the directory holding the requested binaries, building them if needed."""
     apt_install(BUILD_PACKAGES)
     out = bin_dir()
-    wanted = [c for c in components if not (out / c).exists()]
-    if not wanted:
+    if all((out / c).exists() for c in components):
         return out
+    with build_lock(cache_root() / f"kubernetes-{K8S_VERSION}"):
+        _build([c for c in components if not (out / c).exists()], out)
+    return out
+
+
+def _build(wanted: list[str], out: Path) -> None:
+    if not wanted:   # another process built them while this one waited
+        return
     work = cache_root() / f"kubernetes-{K8S_VERSION}" / "src"
     tree = _unpack_source(work)
     gopath = tree / ".go/src/k8s.io"
@@ -126,7 +146,6 @@ def ensure_binaries(components: tuple[str, ...] = CONTROL_PLANE) -> Path:
         tmp = out / f".{c}.tmp"
         shutil.copy2(built, tmp)
         tmp.rename(out / c)
-    return out
 
 
 if __name__ == "__main__":

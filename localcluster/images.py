@@ -31,7 +31,6 @@ on a user's cluster is byte for byte the one the e2e tests and the demo run.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import logging
@@ -40,10 +39,9 @@ import sys
 import tarfile
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-from .binaries import apt_install, cache_root
+from .binaries import apt_install, build_lock, cache_root
 from .oci_layout import ContainerConfig, Layer, image_manifest, pack_layer, write_image_layout
 from .rootfs import DEBIAN_PACKAGES, DPKG_OPTIONS, MIRROR, SUITE, USER_ID, VENV, build_rootfs_tar, python_requirements
 from .torch_layer import build_torch_layer_tar, torch_requirements
@@ -71,14 +69,6 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@contextmanager
-def _build_lock(cache: Path):
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 # -- pause -----------------------------------------------------------------------------
 def pause_image(cache: Path | None = None) -> tuple[str, Path]:
     """The sandbox image: (name, layout tarball). Built once per busybox binary."""
@@ -88,7 +78,7 @@ def pause_image(cache: Path | None = None) -> tuple[str, Path]:
     name, out = f"resident.local/pause:{key}", cache / f"pause-{key}.oci.tar"
     if out.exists():
         return name, out
-    with _build_lock(cache), tempfile.TemporaryDirectory(prefix="resident-pause-", dir=cache) as tmp:
+    with build_lock(cache), tempfile.TemporaryDirectory(prefix="resident-pause-", dir=cache) as tmp:
         if out.exists():
             return name, out
         layer_tar = Path(tmp) / "layer.tar"
@@ -219,7 +209,7 @@ def _image(cache: Path, kind: str, key: str, build) -> tuple[str, Path]:
     if out.exists():
         return name, out
     apt_install(IMAGE_PACKAGES)
-    with _build_lock(cache):
+    with build_lock(cache):
         if out.exists():
             return name, out
         began = time.monotonic()
@@ -293,7 +283,7 @@ def cached_image_names(cache: Path | None = None) -> set[str]:
 def clear_cache(cache: Path | None = None) -> None:
     """Delete every cached image and layer (the next build starts from Debian)."""
     cache = cache or images_dir()
-    with _build_lock(cache):
+    with build_lock(cache):
         for path in cache.iterdir():
             if path.name != ".build.lock":
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
