@@ -112,6 +112,12 @@ class Kube:
             item.setdefault("apiVersion", self.api_version(kind))
         return items
 
+    def pod_events(self, namespace: str, pod_uid: str, reason: str) -> list[dict[str, Any]]:
+        """The Events about one Pod (by UID) with ``reason``, e.g. kubelet's FailedMount."""
+        selector = f"involvedObject.uid={pod_uid},reason={reason}"
+        return self._json(self.core.list_namespaced_event(
+            namespace, field_selector=selector, _preload_content=False)).get("items") or []
+
     def patch(self, namespace: str, kind: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """JSON merge patch (RFC 7386) of ``name``: a list in ``patch`` replaces the whole list."""
         return self._json(self._call("patch", kind, namespace, name, patch, _preload_content=False,

@@ -10,7 +10,10 @@ What the Pod says when no owner can (:mod:`.pod_verdicts`): an owner Pod the sch
 cannot place makes ``Delivered=False`` reason ``Unschedulable`` with the scheduler's
 message; an owner container that exited and has not been ready since makes the model
 ``Degraded`` with the owner's own reason (``BackendUnavailable``), not a crash loop
-shown as Loading.
+shown as Loading. An owner Pod whose bundle volume cannot be mounted (the bridge's
+answer in kubelet's newest FailedMount Event) makes ``Delivered=False`` reason
+``MountFailed`` and ``Degraded`` reason ``DeliveryFailed``, both with the bridge's
+message; while the bridge still fetches, ``WaitingForDelivery`` carries its progress.
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from typing import Any
 
 from . import conditions as c
 from . import naming
-from .pod_verdicts import UNSCHEDULABLE, container_exit, unschedulable_message
+from .pod_verdicts import MOUNT_IN_PROGRESS, UNSCHEDULABLE, container_exit, unschedulable_message
 from .transition import BROKEN_STATES, TransitionState
+
+
+MOUNT_FAILED, WAITING_FOR_DELIVERY = "MountFailed", "WaitingForDelivery"
 
 
 @dataclass(frozen=True)
@@ -46,10 +52,22 @@ class OwnerView:
     unschedulable: str = ""          # the scheduler's message while it cannot place the Pod
     exit_reason: str = ""            # why the owner container last exited, while not ready
     exit_message: str = ""
+    mount_code: str = ""             # the bridge's gRPC code in kubelet's newest FailedMount
+    mount_message: str = ""
 
     @property
     def running(self) -> bool:
         return self.pod_phase == "Running" and not self.terminating
+
+    @property
+    def awaiting_volume(self) -> bool:
+        """On a node, not started, not failed: kubelet is (or will be) mounting its volume."""
+        return bool(self.node) and self.pod_phase == "Pending" and not self.terminating \
+            and not self.exit_reason
+
+    @property
+    def mount_failed(self) -> bool:
+        return bool(self.mount_code) and self.mount_code != MOUNT_IN_PROGRESS
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pod": self.pod, "uid": self.uid, "slot": self.slot,
@@ -68,6 +86,9 @@ class OwnerView:
             out["reason"], out["message"] = UNSCHEDULABLE, self.unschedulable
         elif self.exit_reason:
             out["reason"], out["message"] = self.exit_reason, self.exit_message
+        elif self.mount_code:
+            out["reason"] = MOUNT_FAILED if self.mount_failed else WAITING_FOR_DELIVERY
+            out["message"] = self.mount_message
         return out
 
 
@@ -122,6 +143,8 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
     broken = [o for o in live if o.state in BROKEN_STATES]
     exited = sorted((o for o in live if o.exit_reason), key=lambda o: o.slot)
     unplaced = sorted((o for o in live if o.unschedulable), key=lambda o: o.slot)
+    unmounted = sorted((o for o in live if o.mount_failed), key=lambda o: o.slot)
+    fetching = sorted((o for o in live if o.mount_code and not o.mount_failed), key=lambda o: o.slot)
     conds = []
     if problems:
         degraded = c.condition(c.DEGRADED, True, "InvalidSpec", "; ".join(problems))
@@ -133,6 +156,11 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         o = exited[0]
         degraded = c.condition(c.DEGRADED, True, o.exit_reason,
                                f"{_owners(len(exited))} cannot start; {o.pod}: {o.exit_message}")
+    elif unmounted:
+        o = unmounted[0]
+        degraded = c.condition(c.DEGRADED, True, "DeliveryFailed",
+                               f"{_owners(len(unmounted))} cannot mount the bundle; {o.pod}: "
+                               f"{o.mount_message}")
     elif blocker:
         degraded = c.condition(c.DEGRADED, True, blocker.reason, blocker.message)
     elif last_transition and last_transition.get("result") == "failed" \
@@ -164,9 +192,15 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         conds.append(c.condition(c.DELIVERED, False, UNSCHEDULABLE,
                                  f"{n_running}/{want} owner volumes published; {_owners(len(unplaced))} "
                                  f"not scheduled; {o.pod}: {o.unschedulable}"))
+    elif unmounted:
+        o = unmounted[0]
+        conds.append(c.condition(c.DELIVERED, False, MOUNT_FAILED,
+                                 f"{n_running}/{want} owner volumes published; {o.pod}: "
+                                 f"{o.mount_message}"))
     else:
-        conds.append(c.condition(c.DELIVERED, False, "WaitingForDelivery",
-                                 f"{n_running}/{want} owner volumes published"))
+        progress = f"; {fetching[0].pod}: {fetching[0].mount_message}" if fetching else ""
+        conds.append(c.condition(c.DELIVERED, False, WAITING_FOR_DELIVERY,
+                                 f"{n_running}/{want} owner volumes published{progress}"))
     resident = [o for o in live if o.state in ("ready", "transitioning")]
     if want and len(resident) >= want:
         conds.append(c.condition(c.RESIDENT, True, "OwnersResident",

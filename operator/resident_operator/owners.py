@@ -11,9 +11,12 @@ its identity.
 from __future__ import annotations
 
 import base64
+import logging
+from dataclasses import replace
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from . import children as ch
 from . import naming
@@ -23,11 +26,13 @@ from .observe import OwnerView, owner_view
 from .transition import BROKEN_STATES
 from .owner_client import OwnerClient, OwnerUnreachable
 from .placement import build_owner_pod, build_token_secret, new_token
+from .pod_verdicts import FAILED_MOUNT, mount_verdict
 from .pod_template import stamp
 from .spec import ModelSpec
 
-
+log = logging.getLogger("resident_operator")
 UNREACHABLE_RETRY_SECONDS = 5.0
+MOUNT_RECHECK_SECONDS = 3.0   # while an owner Pod waits for its volume: kubelet's FailedMount
 
 
 def adoptable(obj: dict[str, Any], model_uid: str) -> bool:
@@ -159,14 +164,34 @@ def owner_client(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> OwnerCl
                        ctx.token, ctx.settings.owner_timeout_seconds)
 
 
+def with_mount_verdict(ctx: ModelContext, view: OwnerView) -> OwnerView:
+    """``view`` with the bridge's answer from kubelet's newest FailedMount on its Pod. Events
+    that cannot be read (the installation withholds ``list events``) only cost that answer."""
+    try:
+        events = ctx.kube.pod_events(ctx.namespace, view.uid, FAILED_MOUNT)
+    except ApiException as e:
+        log.warning("cannot read the owner Pod's Events", extra={
+            "model": f"{ctx.namespace}/{ctx.name}", "pod": view.pod, "error": f"{e.status} {e.reason}"})
+        return view
+    code, message = mount_verdict(events)
+    return replace(view, mount_code=code, mount_message=message)
+
+
 def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpec
                    ) -> list[OwnerView]:
     """A view per Pod; running Pods' owners are asked for their identity, except one whose
     container exited and has not been ready since (it says why in its termination
-    message; its Pod's next change wakes the model, so no recheck is needed)."""
+    message; its Pod's next change wakes the model, so no recheck is needed).
+
+    A Pod waiting for its volume gets kubelet's newest FailedMount (the bridge's answer).
+    Events do not wake the model, so the model looks again every few seconds while one waits."""
     views = []
     for pod in pods:
         seen = owner_view(pod)
+        if seen.awaiting_volume:
+            views.append(with_mount_verdict(ctx, seen))
+            ctx.follow_up.recheck_in(MOUNT_RECHECK_SECONDS)
+            continue
         if not seen.running or seen.exit_reason or not owner_address(ctx, seen.pod_ip):
             views.append(seen)
             continue

@@ -11,6 +11,13 @@ never placed, or that exited at start, answers nothing. Two things remain on its
   non-zero exit (killed, out of memory, a crash before the owner could write) is
   ``OwnerExited`` with the exit code. A container that became ready since has recovered
   and says nothing.
+
+A Pod on a node whose bundle volume cannot be mounted says nothing in its own status: it
+stays ``Pending`` (ContainerCreating). What the bridge answered reaches only kubelet's
+``FailedMount`` Event on the Pod, as ``... rpc error: code = <Code> desc = <message>``.
+:func:`mount_verdict` reads the newest one: ``Aborted`` is the bridge's "still fetching"
+(the message carries the progress); any other code is a failure (a 404 at the source, a
+digest mismatch, a full store, a refused namespace).
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ from typing import Any
 from . import naming
 
 UNSCHEDULABLE = "Unschedulable"
+FAILED_MOUNT = "FailedMount"         # kubelet's Event reason
+MOUNT_IN_PROGRESS = "Aborted"        # the bridge's answer while a fetch progresses
 OWNER_EXITED = "OwnerExited"         # the container exited without saying why in our form
 _REASON_LINE = re.compile(r"^([A-Z][A-Za-z0-9]*): (.+)$")
+_RPC_ERROR = re.compile(r"code = (\w+) desc = (.*)$", re.S)
 
 
 def unschedulable_message(pod: dict[str, Any]) -> str:
@@ -53,3 +63,17 @@ def container_exit(pod: dict[str, Any]) -> tuple[str, str]:
                 why += f" ({terminated['reason']})"
             return OWNER_EXITED, f"{why}: {text}" if text else why
     return "", ""
+
+
+def mount_verdict(events: list[dict[str, Any]]) -> tuple[str, str]:
+    """(gRPC code, message) of the newest kubelet ``FailedMount`` Event among ``events``
+    (the Pod's Events, as dicts); ("", "") when there is none. A message not in gRPC's
+    form (kubelet's own errors, e.g. a timeout) keeps its whole text under ``Unknown``."""
+    failed = [e for e in events if e.get("reason") == FAILED_MOUNT]
+    if not failed:
+        return "", ""
+    newest = max(failed, key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
+                                        (e.get("metadata") or {}).get("creationTimestamp") or ""))
+    text = (newest.get("message") or "").strip()
+    rpc = _RPC_ERROR.search(text)
+    return (rpc.group(1), rpc.group(2).strip()) if rpc else ("Unknown", text)

@@ -12,7 +12,9 @@
   Failed). Nothing about the operator, the API server or the owner is mocked.
   With ``real_bridge=True`` the real bridge (``python -m csi_bridge``, gRPC over a unix
   socket, real read-only bind mounts) publishes the volumes and serves the deliveries;
-  the played kubelet then only calls NodePublishVolume/NodeUnpublishVolume like kubelet.
+  the played kubelet then only calls NodePublishVolume/NodeUnpublishVolume like kubelet,
+  and answers a refused publish as kubelet does: a ``FailedMount`` Event on the Pod with
+  the bridge's gRPC code and message in kubelet's words, and a retry after a back-off.
 
 The operator and the real bridge authenticate as the chart's own ServiceAccounts:
 tests/cluster/conftest.py puts their kubeconfigs into ``OPERATOR_ENV["KUBECONFIG"]`` and
@@ -35,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+import grpc
 import requests
 from kopf.testing import KopfRunner
 from kubernetes import client
@@ -236,6 +239,7 @@ class PlayedNode:
         self.bridge_up = threading.Event()          # clear it to stop the played bridge
         self.bridge_up.set()
         self.owners: dict[str, tuple[Owner, Any, threading.Thread]] = {}
+        self.mount_retry: dict[str, float] = {}     # Pod UID -> when kubelet retries its publish
         self.staged: list[str] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -317,7 +321,13 @@ class PlayedNode:
                     raise
             return
         if uid not in self.owners:
-            self._start_owner(pod)
+            if time.monotonic() < self.mount_retry.get(uid, 0.0):
+                return
+            try:
+                self._start_owner(pod)
+            except grpc.RpcError as e:
+                self._failed_mount(pod, e)
+                return
         owner, server, _ = self.owners[uid]
         port = server.server_address[1]
         ready = requests.get(f"http://{self.ip}:{port}/readyz", timeout=5).status_code == 200
@@ -351,6 +361,20 @@ class PlayedNode:
         thread.start()
         self.owners[pod.metadata.uid] = (owner, server, thread)
         owner.start()
+
+    def _failed_mount(self, pod, error: grpc.RpcError) -> None:
+        """kubelet's answer to a refused NodePublishVolume: an Event, a retry in 2 s."""
+        self.mount_retry[pod.metadata.uid] = time.monotonic() + 2.0
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.api.core.create_namespaced_event(self.ns, {
+            "metadata": {"generateName": f"{pod.metadata.name}."},
+            "involvedObject": {"kind": "Pod", "namespace": self.ns, "name": pod.metadata.name,
+                               "uid": pod.metadata.uid, "apiVersion": "v1"},
+            "reason": "FailedMount", "type": "Warning", "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now,
+            "source": {"component": "kubelet", "host": self.name},
+            "message": f'MountVolume.SetUp failed for volume "bundle" : rpc error: '
+                       f'code = {error.code().name.title().replace("_", "")} desc = {error.details()}'})
 
     def _stop_owner(self, uid: str) -> None:
         if uid in self.owners:

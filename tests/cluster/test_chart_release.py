@@ -324,6 +324,7 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
                                ("watch", "residentmodels.resident.dev"),
                                ("patch", "residentmodels.resident.dev/status"),
                                ("create", "bundledeliveries.resident.dev"), ("create", "events"),
+                               ("list", "events"),   # kubelet's FailedMount on owner Pods
                                ("patch", "bundledeliveries.resident.dev"),   # a stuck finalizer
                                ("watch", "customresourcedefinitions.apiextensions.k8s.io")]:
             assert can("operator", verb, resource), (verb, resource)

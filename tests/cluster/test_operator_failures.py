@@ -5,6 +5,10 @@
   ``Degraded`` (SourceUnavailable / DigestMismatch) with the source's own error and a
   Warning Event within 10 s (a server that never answers too), and a source that comes
   back is picked up by itself.
+- A mount that fails at first placement (the source holds the manifest, but a file of it
+  answers HTTP 404 to the real bridge) makes the model ``Degraded`` (DeliveryFailed) and
+  ``Delivered=False`` (MountFailed) with the bridge's message, read from kubelet's
+  FailedMount Event on the owner Pod, and the model recovers when the file is back.
 - Deletion always finishes: a BundleDelivery the bridge never releases loses the bridge's
   finalizer after the grace period (``RESIDENT_DELETE_GRACE_SECONDS``), with a Warning
   naming the delivery, its revision and its node.
@@ -179,3 +183,39 @@ def test_deletion_finishes_when_the_bridge_never_releases_a_delivery(cluster, na
         assert bd["metadata"]["name"] in event.message and "node-a" in event.message
         assert d["two"] in event.message
     assert not node.errors, node.errors[-1]
+
+
+def test_a_failing_first_mount_names_the_bridges_error_on_the_model(cluster, namespace, bundles, tmp_path):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    served = Served(tmp_path / "served", free_port()).start()
+    url = f"http://127.0.0.1:{served.port}/models/one"
+    push(root / "one", url)
+    blobs = sorted((tmp_path / "served" / "models" / "one" / "blobs").iterdir(),
+                   key=lambda p: p.stat().st_size)
+    weights, kept = blobs[-1], blobs[-1].read_bytes()
+    weights.unlink()                               # the manifest is there, one file 404s
+    try:
+        with PlayedNode(cluster, namespace, tmp_path, real_bridge=True) as node, running_operator(namespace):
+            api.create_model("lm", {"bundle": {"source": url, "digest": d["one"]},
+                                    "runtime": {"port": port}})
+            cond = wait_for(lambda: degraded(api, "lm", "DeliveryFailed"), timeout=30,
+                            what="Degraded/DeliveryFailed")
+            assert "HTTP 404" in cond["message"] and weights.name in cond["message"]
+            assert cond["message"].startswith("1 owner cannot mount the bundle; lm-owner-")
+            delivered = condition(api.model("lm"), "Delivered")
+            assert (delivered["status"], delivered["reason"]) == ("False", "MountFailed")
+            assert "HTTP 404" in delivered["message"]
+            event = wait_for(lambda: [e for e in api.events("lm") if e.reason == "DeliveryFailed"],
+                             timeout=10, what="a DeliveryFailed Event")[0]
+            assert event.type == "Warning" and "HTTP 404" in event.message
+            weights.write_bytes(kept)              # the file is back: the next publish mounts it
+            wait_for(lambda: (api.model("lm").get("status") or {}).get("phase") == "Ready",
+                     timeout=45, what="Ready once the file is back")
+            assert condition(api.model("lm"), "Degraded")["status"] == "False"
+            wait_for(lambda: "Recovered" in api.reasons("lm"), timeout=10, what="a Recovered Event")
+            api.delete_model("lm")
+            wait_for(lambda: api.model("lm") is None, timeout=45, what="the model gone")
+        assert not node.errors, node.errors[-1]
+    finally:
+        served.stop()

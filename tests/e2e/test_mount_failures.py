@@ -1,5 +1,7 @@
 """A mount that cannot be made says why, on a real node: kubelet's FailedMount Event on the
-owner Pod carries the bridge's answer, and the mount succeeds once the source is whole.
+owner Pod carries the bridge's answer, the model's conditions repeat it (``Degraded``
+DeliveryFailed, ``Delivered=False`` MountFailed), and the mount succeeds once the source is
+whole.
 
 The bundle's manifest stays on the bundle server (so the operator places the model), but
 one of its files is removed: the bridge's fetch gets HTTP 404 for it.
@@ -21,6 +23,10 @@ def failed_mounts(story: Story) -> list[str]:
             if e.reason == "FailedMount" and e.involved_object.kind == "Pod"]
 
 
+def model_conditions(story: Story) -> dict[str, dict]:
+    return {c["type"]: c for c in (story.get().get("status") or {}).get("conditions") or []}
+
+
 def test_a_404_at_the_source_shows_in_the_pods_failed_mount_and_the_mount_recovers(tmp_path):
     revs, dirs = make_bundles(tmp_path, SIZE)
     with LocalCluster() as cluster, BundleServer(tmp_path / "served", tmp_path / "logs") as server:
@@ -40,7 +46,13 @@ def test_a_404_at_the_source_shows_in_the_pods_failed_mount_and_the_mount_recove
         assert f"delivering {revs.a} from {server.url}" in messages[0]
         assert missing.name in messages[0]     # the URL of the missing file
         assert "Unavailable" in messages[0]    # the CSI code, as kubelet prints it
-        assert story.get()["status"].get("phase") != "Ready"
+        while (conds := model_conditions(story)).get("Degraded", {}).get("reason") != "DeliveryFailed":
+            assert time.monotonic() < deadline, conds
+            time.sleep(1)
+        assert "HTTP 404" in conds["Degraded"]["message"] and missing.name in conds["Degraded"]["message"]
+        assert (conds["Delivered"]["status"], conds["Delivered"]["reason"]) == ("False", "MountFailed")
+        assert story.get()["status"].get("phase") == "Degraded"
         server.push(dirs["a"])                 # the file is back: kubelet's retry mounts it
         story.wait_ready(revs.a)
+        assert model_conditions(story)["Degraded"]["status"] == "False"
         story.delete_and_wait_gone()

@@ -1,10 +1,12 @@
 """Conditions with stable times, status derivation from owners, children and orphans."""
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from resident_operator import conditions as c
 from resident_operator.children import forget, orphans, record
 from resident_operator.observe import Blocker, derive_status, owner_view
+from resident_operator.pod_verdicts import mount_verdict
 from resident_operator.transition import OwnerProgress, TransitionState
 
 import pytest
@@ -220,3 +222,51 @@ def test_other_exits_and_recovery():
     s = derive(replicas=2, owners=[owner_view(pod(), ident(state="quarantined")),
                                    owner_view(crashing_pod("m-owner-1-0", 1))])
     assert s["by_type"]["Degraded"]["reason"] == "OwnerQuarantined"
+
+
+def failed_mount(message, last="2026-01-01T00:00:05Z", reason="FailedMount"):
+    return {"reason": reason, "message": message, "lastTimestamp": last,
+            "metadata": {"creationTimestamp": last}}
+
+
+NOT_FOUND = ("delivering sha256:aa from http://127.0.0.1:1/m: http://127.0.0.1:1/m/blobs/w: "
+             "not found (HTTP 404)")
+PROGRESS = "fetching sha256:aa from http://127.0.0.1:1/m: 1 of 4 bytes (25%) after 2s"
+
+
+def kubelet(code, desc):
+    return f'MountVolume.SetUp failed for volume "bundle" : rpc error: code = {code} desc = {desc}'
+
+
+def test_the_newest_failed_mount_is_the_bridges_verdict():
+    events = [failed_mount(kubelet("Aborted", PROGRESS), "2026-01-01T00:00:01Z"),
+              failed_mount(kubelet("Unavailable", NOT_FOUND), "2026-01-01T00:00:09Z"),
+              failed_mount("Unable to attach or mount volumes: timed out", "2026-01-01T00:00:03Z"),
+              failed_mount("Pulling image", "2026-01-01T00:00:30Z", reason="Pulling")]
+    assert mount_verdict(events) == ("Unavailable", NOT_FOUND)
+    assert mount_verdict(events[2:3]) == ("Unknown", "Unable to attach or mount volumes: timed out")
+    assert mount_verdict(events[3:]) == ("", "")
+
+
+def test_a_failing_mount_degrades_the_model_with_the_bridges_message():
+    waiting = owner_view(pod(phase="Pending", ready=False))
+    assert waiting.awaiting_volume
+    assert not owner_view(pod(phase="Pending", ready=False, node="")).awaiting_volume
+    s = derive(replicas=2, owners=[replace(waiting, mount_code="Unavailable", mount_message=NOT_FOUND),
+                                   owner_view(pod("m-owner-1", 1), ident())])
+    degraded, delivered = s["by_type"]["Degraded"], s["by_type"]["Delivered"]
+    assert (s["phase"], degraded["status"], degraded["reason"]) == ("Degraded", "True", "DeliveryFailed")
+    assert degraded["message"] == f"1 owner cannot mount the bundle; m-owner-0: {NOT_FOUND}"
+    assert (delivered["status"], delivered["reason"]) == ("False", "MountFailed")
+    assert delivered["message"] == f"1/2 owner volumes published; m-owner-0: {NOT_FOUND}"
+    assert (s["owners"][0]["reason"], s["owners"][0]["message"]) == ("MountFailed", NOT_FOUND)
+
+
+def test_a_fetch_in_progress_is_waiting_with_its_progress_not_a_failure():
+    waiting = replace(owner_view(pod(phase="Pending", ready=False)), mount_code="Aborted",
+                      mount_message=PROGRESS)
+    s = derive(owners=[waiting])
+    assert (s["phase"], s["by_type"]["Degraded"]["status"]) == ("Delivering", "False")
+    delivered = s["by_type"]["Delivered"]
+    assert (delivered["reason"], delivered["message"]) == \
+        ("WaitingForDelivery", f"0/1 owner volumes published; m-owner-0: {PROGRESS}")
