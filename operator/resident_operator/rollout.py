@@ -23,14 +23,14 @@ from .model_state import ModelState
 from .observe import Blocker, OwnerView
 from .owner_step import observe_owner, perform
 from .planning import InPlaceImpossible, plan_transition
-from .source_check import SourceProblem, fetch_manifest
+from .source_check import SOURCE_REASONS, SourceProblem, fetch_manifest, retry_after
 from .spec import ModelSpec
 from .transition import (OwnerProgress, Step, TransitionState, advance,
                          outcome, owners_to_start)
 from .transition_summary import summarize
 
 
-BLOCKED_RETRY_SECONDS = 10.0      # a transition that could not start (source down, plan failed)
+BLOCKED_RETRY_SECONDS = 10.0      # a transition that could not start for another reason (plan failed)
 OWNER_STATE_RETRY_SECONDS = 1.0   # waiting for an owner to be ready without a transition to wait on
 
 
@@ -89,8 +89,12 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
                 and int(last.get("generation") or -1) == gen:
             return None  # failed for this generation: wait for a spec change
         blocker = start_transition(ctx, state, spec, views)
+        if blocker is not None and blocker.reason in SOURCE_REASONS:   # it may come back
+            ctx.follow_up.recheck_in(retry_after((ctx.body.get("status") or {}).get("conditions"),
+                                                 ctx.clock()))
+            return blocker
         if blocker is not None or state.transition is None:
-            ctx.follow_up.recheck_in(BLOCKED_RETRY_SECONDS)  # the source may come back
+            ctx.follow_up.recheck_in(BLOCKED_RETRY_SECONDS)
             return blocker
     t = state.transition
     if spec.bundle.digest != t.to:

@@ -9,6 +9,8 @@
   answers HTTP 404 to the real bridge) makes the model ``Degraded`` (DeliveryFailed) and
   ``Delivered=False`` (MountFailed) with the bridge's message, read from kubelet's
   FailedMount Event on the owner Pod, and the model recovers when the file is back.
+- A transition whose new source is down says so (``Degraded`` SourceUnavailable), starts
+  nothing, is retried with the same backoff and starts by itself when the source is back.
 - Deletion always finishes: with the real bridge stopped, a BundleDelivery it never
   releases loses the bridge's finalizer after the grace period
   (``RESIDENT_DELETE_GRACE_SECONDS``), with a Warning naming the delivery, its revision
@@ -152,6 +154,42 @@ def test_a_source_that_comes_back_is_picked_up_with_backoff(cluster, namespace, 
             wait_for(lambda: condition(api.model("lm"), "Degraded").get("status") == "False",
                      timeout=10, what="Degraded=False")
             wait_for(lambda: "Recovered" in api.reasons("lm"), timeout=10, what="a Recovered Event")
+    finally:
+        served.stop()
+
+
+def passes(result: str) -> float:
+    return REGISTRY.get_sample_value("resident_operator_reconciles_total", {"result": result}) or 0.0
+
+
+def test_a_transition_whose_source_is_down_says_so_and_starts_when_it_is_back(
+        cluster, namespace, bundles, tmp_path):
+    root, d = bundles
+    api, port = Api(cluster, namespace), free_port()
+    served = Served(tmp_path / "served", free_port()).start()
+    url = f"http://127.0.0.1:{served.port}/models/two"
+    push(root / "two", url)
+    served.stop()                                   # the new revision's source is down
+    try:
+        with PlayedNode(cluster, namespace, tmp_path, real_bridge=True) as node, running_operator(namespace):
+            api.create_model("lm", {"bundle": {"source": f"file://{root / 'one'}", "digest": d["one"]},
+                                    "runtime": {"port": port}})
+            wait_for(lambda: (api.model("lm").get("status") or {}).get("phase") == "Ready", timeout=45,
+                     what="Ready")
+            api.patch_spec("lm", {"bundle": {"source": url, "digest": d["two"]}})
+            before = passes("ok")
+            cond = wait_for(lambda: degraded(api, "lm", "SourceUnavailable"), timeout=10,
+                            what="Degraded/SourceUnavailable")
+            assert f"127.0.0.1:{served.port}" in cond["message"] and d["two"] in cond["message"]
+            time.sleep(12)
+            assert api.deliveries() == []           # the transition did not start
+            # retried with backoff (about 0, 2, 4, 8 s), neither in a loop nor every 10 s
+            assert 3 <= passes("ok") - before <= 6, passes("ok") - before
+            served.start()
+            wait_for(lambda: (api.model("lm").get("status") or {}).get("identity", {}).get("bundle") == d["two"]
+                     and api.model("lm")["status"]["phase"] == "Ready", timeout=45, what="Ready on two")
+            assert condition(api.model("lm"), "Degraded")["status"] == "False"
+        assert not node.errors, node.errors[-1]
     finally:
         served.stop()
 
