@@ -14,7 +14,7 @@ from owner import api
 from owner.backends import BackendError, BackendUnavailable, create_backend
 from owner.backends.vendor import VendorBackend
 from owner.decoder import bf16_to_f32
-from owner.graph import GraphError, compile_graph
+from owner.graph import GraphError, LayoutChanged, compile_graph
 from owner.admission import plan_ranges
 from owner.inplace import ChangedRange, NeedsReload
 from owner.safetensors_layout import LayoutError, parse_layout
@@ -110,7 +110,8 @@ def test_transition_request_is_strict():
 def test_status_serializes_with_contract_names():
     st = api.TransitionStatus(id="x", **{"from": None}, to="sha256:" + H, requested="Auto", path="GraphOnly")
     doc = json.loads(api.dump(st))
-    assert {"id", "from", "to", "strategy", "result", "reason", "identity", "timings"} <= set(doc)
+    assert {"id", "from", "to", "strategy", "result", "reason", "identity", "timings",
+            "graphReused", "weightsReused"} <= set(doc)
     assert set(doc["timings"]) == {"stageSeconds", "applySeconds", "verifySeconds", "firstTokenSeconds",
                                    "warmupSeconds", "totalSeconds"}
 
@@ -129,6 +130,19 @@ def test_graph_compile_checks_layers_ops_and_variants():
                             "seq 513 exceeds the model's max_seq 512")):
         with pytest.raises(GraphError, match=message):
             compile_graph(json.dumps(graph).encode(), json.dumps(config).encode(), "d")
+
+
+def test_graph_compile_binds_an_earlier_arena_only_when_the_config_implies_its_tensors():
+    config = choose_config(256 * 1024)
+    graph = json.dumps(default_graph(config, [{"name": "v", "batch": 1, "seq": 8}])).encode()
+    first = compile_graph(graph, json.dumps(config).encode(), "a")
+    again = compile_graph(graph, json.dumps(dict(config, rope_theta=1000.0)).encode(), "b", bind=first.weights)
+    assert again.weights is first.weights and again.config["rope_theta"] == 1000.0
+    for other in (dict(config, d_ff=config["d_ff"] + 2), dict(config, n_layers=config["n_layers"] + 1)):
+        layers = default_graph(other, [{"name": "v", "batch": 1, "seq": 8}])
+        with pytest.raises(LayoutChanged, match="other weight tensors"):
+            compile_graph(json.dumps(layers).encode(), json.dumps(other).encode(), "c", bind=first.weights)
+    assert compile_graph(graph, json.dumps(config).encode(), "d").weights is not first.weights
 
 
 def test_registry_names_backends_and_vendor_sdks_fail_clearly():
