@@ -12,8 +12,8 @@ on the graph digest (graph + config files), so a reload to a revision with the s
 digest keeps the compiled graph, its arenas included, and skips this work. A new graph
 over the same weights is *bound* to the weight arena an earlier graph filled (as a device
 runtime binds a new program to buffers already uploaded), if its config implies exactly
-the tensors that arena holds; otherwise it says :class:`LayoutChanged` before allocating
-anything.
+the tensors that arena holds (otherwise it says :class:`LayoutChanged` before allocating
+anything), and takes over the earlier graph's KV arenas for variants of the same shape.
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ def _check_ops(graph: dict, config: dict) -> None:
                 raise GraphError(f"layer {i}: unknown op {op!r}")
 
 
-def _variant(spec: dict, config: dict) -> Variant:
+def _variant(spec: dict, config: dict, spare: dict[tuple, list[np.ndarray]]) -> Variant:
+    """Lower one variant; its KV arena is one of ``spare`` (an earlier graph's arenas, by
+    shape) when one has its shape, else a new one."""
     batch, seq = int(spec["batch"]), int(spec["seq"])
     if batch < 1 or seq < 1:
         raise GraphError(f"variant {spec.get('name')!r}: batch and seq must be positive")
@@ -103,8 +105,12 @@ def _variant(spec: dict, config: dict) -> Variant:
     inv = np.float32(config["rope_theta"]) ** (-np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))
     angles = np.arange(seq, dtype=np.float32)[:, None] * inv[None, :]
     mask = np.triu(np.full((seq, seq), -np.inf, dtype=np.float32), k=1)
-    kv = np.empty((layers, 2, batch, seq, heads, hd), dtype=np.float32)
-    kv.fill(0.0)  # touch every page now, not during the first request
+    shape = (layers, 2, batch, seq, heads, hd)
+    if spare.get(shape):
+        kv = spare[shape].pop()  # scratch: a request writes each position before it reads it
+    else:
+        kv = np.empty(shape, dtype=np.float32)
+        kv.fill(0.0)  # touch every page now, not during the first request
     return Variant(str(spec.get("name", f"b{batch}-s{seq}")), batch, seq,
                    np.cos(angles), np.sin(angles), mask, kv)
 
@@ -136,11 +142,13 @@ def _weight_arena(config: dict) -> dict[str, np.ndarray]:
 
 
 def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str,
-                  bind: dict[str, np.ndarray] | None = None) -> CompiledGraph:
-    """Parse, check and lower the graph for every variant it names. ``bind``: the weight
-    arena of an earlier graph over the same weights, to bind instead of allocating a new
-    one; :class:`LayoutChanged` (before anything is allocated) if the config implies other
-    tensors than it holds."""
+                  bind: CompiledGraph | None = None) -> CompiledGraph:
+    """Parse, check and lower the graph for every variant it names. ``bind``: an earlier
+    graph over the same weights, whose weight arena the new graph takes instead of
+    allocating one (:class:`LayoutChanged`, before anything is allocated, if the config
+    implies other tensors than it holds), and whose KV arenas it takes for variants of
+    the same shape. The earlier graph must not run once the new one does (they share
+    scratch memory); nothing of it is written here, so it may run if this fails."""
     try:
         graph, config = json.loads(graph_bytes), json.loads(config_bytes)
     except ValueError as e:
@@ -149,11 +157,14 @@ def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str,
         _check_config(config)
         _check_ops(graph, config)
         if bind is not None:
-            _check_binds(config, bind)
+            _check_binds(config, bind.weights)
         specs = graph["variants"]
         if not specs:
             raise GraphError("graph names no variants")
-        return CompiledGraph(digest, config, [_variant(s, config) for s in specs],
-                             bind if bind is not None else _weight_arena(config))
+        spare: dict[tuple, list[np.ndarray]] = {}
+        for v in bind.variants if bind is not None else []:
+            spare.setdefault(v.kv.shape, []).append(v.kv)
+        return CompiledGraph(digest, config, [_variant(s, config, spare) for s in specs],
+                             bind.weights if bind is not None else _weight_arena(config))
     except (KeyError, TypeError) as e:
         raise GraphError(f"graph or config is malformed: missing or wrong {e}") from None

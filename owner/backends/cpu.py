@@ -69,15 +69,16 @@ class CpuBackend:
         """Move to ``rev``, whose weights files are the live revision's (equal weights
         digests: the same paths and sha256, so the same bytes, verified when the arena was
         filled or rows were written in place): the live arena stays, no weights file is
-        read, and only a changed graph is compiled, bound to that arena. The new graph is
-        compiled while the old one is still live (it costs its KV arenas, not the weights'
-        memory again), so a failure raises ReloadRefused with the old revision loaded.
+        read, and only a changed graph is compiled, bound to that arena (and to the old
+        graph's KV arenas where a variant keeps its shape). The new graph is compiled while
+        the old one is still loaded, and nothing of the old one is written, so a failure
+        raises ReloadRefused with the old revision loaded and whole.
         None if the target's config implies another tensor layout: that is a full reload."""
         t0 = time.perf_counter()
         graph = self.graph
         if graph.digest != rev.manifest.graph_digest:
             try:
-                graph = self._compile(rev, bind=self.weights)
+                graph = self._compile(rev, bind=self.graph)
             except LayoutChanged:
                 return None
             except Exception as e:  # noqa: BLE001 - nothing live changed: whatever failed, the old revision serves
@@ -120,7 +121,7 @@ class CpuBackend:
         self.revision = rev
         return LoadReport(time.perf_counter() - t1, t1 - t0, keep is not None)
 
-    def _compile(self, rev: Revision, bind: dict[str, np.ndarray] | None = None) -> CompiledGraph:
+    def _compile(self, rev: Revision, bind: CompiledGraph | None = None) -> CompiledGraph:
         m = rev.manifest
         graphs = m.files_with(Role.graph)
         configs = [f for f in m.files_with(Role.config) if f.path.endswith("config.json")]

@@ -109,8 +109,10 @@ def test_graph_only_reload_reads_no_weights_file(tmp_path):
     data[5 * 64 * 1024] ^= 0x01
     weights.write_bytes(bytes(data))
     live = fresh(vol, digests["base"])
+    kv = [v.kv for v in live.graph.variants]
     report = live.reload(graph)   # would raise IntegrityError if it read the spoiled file
     assert (report.graph_reused, report.weights_reused) == (False, True)
+    assert [v.kv for v in live.graph.variants] == kv   # same variants: the KV arenas are taken over
     assert live.revision.digest == digests["graph"]
     assert outputs(live) == expected
 

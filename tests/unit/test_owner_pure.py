@@ -132,17 +132,23 @@ def test_graph_compile_checks_layers_ops_and_variants():
             compile_graph(json.dumps(graph).encode(), json.dumps(config).encode(), "d")
 
 
-def test_graph_compile_binds_an_earlier_arena_only_when_the_config_implies_its_tensors():
+def test_graph_compile_binds_an_earlier_graphs_arenas_only_where_they_fit():
     config = choose_config(256 * 1024)
-    graph = json.dumps(default_graph(config, [{"name": "v", "batch": 1, "seq": 8}])).encode()
-    first = compile_graph(graph, json.dumps(config).encode(), "a")
-    again = compile_graph(graph, json.dumps(dict(config, rope_theta=1000.0)).encode(), "b", bind=first.weights)
+    variants = [{"name": "v", "batch": 1, "seq": 8}, {"name": "w", "batch": 2, "seq": 8}]
+    first = compile_graph(json.dumps(default_graph(config, variants)).encode(), json.dumps(config).encode(), "a")
+    wider = [variants[0], {"name": "w", "batch": 2, "seq": 16}]
+    again = compile_graph(json.dumps(default_graph(config, wider)).encode(),
+                          json.dumps(dict(config, rope_theta=1000.0)).encode(), "b", bind=first)
     assert again.weights is first.weights and again.config["rope_theta"] == 1000.0
+    assert again.variants[0].kv is first.variants[0].kv                       # same shape: taken over
+    assert again.variants[1].kv.shape[3] == 16 and again.variants[1].kv is not first.variants[1].kv
+    assert not np.array_equal(again.variants[0].cos, first.variants[0].cos)  # tables from the new config
     for other in (dict(config, d_ff=config["d_ff"] + 2), dict(config, n_layers=config["n_layers"] + 1)):
-        layers = default_graph(other, [{"name": "v", "batch": 1, "seq": 8}])
         with pytest.raises(LayoutChanged, match="other weight tensors"):
-            compile_graph(json.dumps(layers).encode(), json.dumps(other).encode(), "c", bind=first.weights)
-    assert compile_graph(graph, json.dumps(config).encode(), "d").weights is not first.weights
+            compile_graph(json.dumps(default_graph(other, variants)).encode(), json.dumps(other).encode(), "c",
+                          bind=first)
+    fresh = compile_graph(json.dumps(default_graph(config, variants)).encode(), json.dumps(config).encode(), "d")
+    assert fresh.weights is not first.weights and fresh.variants[0].kv is not first.variants[0].kv
 
 
 def test_registry_names_backends_and_vendor_sdks_fail_clearly():
