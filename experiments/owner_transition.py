@@ -1,9 +1,10 @@
 """What the owner-transition benchmarks (02 on the cpu backend, 12 on torch) share: one
 transition between two revisions as a raw sample, and the summary to the first token.
 
-A sample is one transition to the *other* revision (base <-> rows) of an in-process owner,
-timed by the owner itself (``timings.totalSeconds``: stage + apply + verify + first token),
-followed by one greedy token for ``prompt`` that verify.py compares across arms.
+A sample is one transition to the *other* of two revisions (base <-> rows, or base <->
+graph) of an in-process owner, timed by the owner itself (``timings.totalSeconds``: stage +
+apply + verify + first token), followed by one greedy token for ``prompt`` that verify.py
+compares across arms.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from owner import api
 METRIC = "to_first_token_seconds"
 
 
-def sample(owner, digests: dict, strategy: str, cold: bool, prompt: str) -> dict:
-    """Run one transition (the caller has prepared a cold one) and return its raw sample."""
-    target = digests["rows"] if owner.current().digest == digests["base"] else digests["base"]
+def sample(owner, digests: dict, strategy: str, cold: bool, prompt: str, path: str = "WholeBundle") -> dict:
+    """Run one transition to the revision of ``digests`` (two) that is not live (the caller
+    has prepared a cold one) and return its raw sample."""
+    target, = (d for d in digests.values() if d != owner.current().digest)
     t0 = time.perf_counter()
-    st = owner.submit(api.TransitionRequest(target=target, path="WholeBundle", strategy=strategy))
+    st = owner.submit(api.TransitionRequest(target=target, path=path, strategy=strategy))
     owner.wait_idle(900)
     wall = time.perf_counter() - t0
     if st.result != "succeeded" or st.strategy != strategy:
@@ -32,7 +34,8 @@ def sample(owner, digests: dict, strategy: str, cold: bool, prompt: str) -> dict
     return {METRIC: t.total_seconds, "wall_seconds": wall, "stage_seconds": t.stage_seconds,
             "apply_seconds": t.apply_seconds, "verify_seconds": t.verify_seconds,
             "first_token_seconds": t.first_token_seconds, "to": target, "token": token,
-            "rows_changed": st.rows_changed, "bytes_read": st.bytes_read, "graph_reused": st.graph_reused}
+            "rows_changed": st.rows_changed, "bytes_read": st.bytes_read, "graph_reused": st.graph_reused,
+            "weights_reused": st.weights_reused}
 
 
 def summary(raw: dict, ratios: dict[str, tuple[str, str]], reload_arms: tuple[str, ...]) -> dict:

@@ -72,6 +72,8 @@ class TransitionStatus(Wire):
     reason: str = ""
     identity: Identity | None = None
     graph_reused: bool | None = Field(default=None, alias="graphReused")
+    # a reload kept the live weights (the target's weights digest is the live one): no weights file read
+    weights_reused: bool | None = Field(default=None, alias="weightsReused")
     rows_changed: int | None = Field(default=None, alias="rowsChanged")
     bytes_read: int | None = Field(default=None, alias="bytesRead")
     timings: Timings = Field(default_factory=Timings)

@@ -9,8 +9,11 @@ Its memory plan also holds the weights: one float32 buffer with a view per tenso
 config implies, allocated and touched here and filled by each load, as a device runtime
 allocates a program's weight buffers once and uploads into them. All of it depends only
 on the graph digest (graph + config files), so a reload to a revision with the same graph
-digest keeps the compiled graph, its arenas included, and skips this work; a reload to a
-new graph over the same weights binds the new graph to the weight arena already filled.
+digest keeps the compiled graph, its arenas included, and skips this work. A new graph
+over the same weights is *bound* to the weight arena an earlier graph filled (as a device
+runtime binds a new program to buffers already uploaded), if its config implies exactly
+the tensors that arena holds (otherwise it says :class:`LayoutChanged` before allocating
+anything), and takes over the earlier graph's KV arenas for variants of the same shape.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ MAX_ARENA_BYTES = 64 * 1024 ** 3
 
 class GraphError(ValueError):
     """The graph or config cannot be compiled."""
+
+
+class LayoutChanged(GraphError):
+    """The config implies other weight tensors (names or shapes) than the arena to bind."""
 
 
 @dataclass
@@ -83,7 +90,9 @@ def _check_ops(graph: dict, config: dict) -> None:
                 raise GraphError(f"layer {i}: unknown op {op!r}")
 
 
-def _variant(spec: dict, config: dict) -> Variant:
+def _variant(spec: dict, config: dict, spare: dict[tuple, list[np.ndarray]]) -> Variant:
+    """Lower one variant; its KV arena is one of ``spare`` (an earlier graph's arenas, by
+    shape) when one has its shape, else a new one."""
     batch, seq = int(spec["batch"]), int(spec["seq"])
     if batch < 1 or seq < 1:
         raise GraphError(f"variant {spec.get('name')!r}: batch and seq must be positive")
@@ -96,20 +105,29 @@ def _variant(spec: dict, config: dict) -> Variant:
     inv = np.float32(config["rope_theta"]) ** (-np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))
     angles = np.arange(seq, dtype=np.float32)[:, None] * inv[None, :]
     mask = np.triu(np.full((seq, seq), -np.inf, dtype=np.float32), k=1)
-    kv = np.empty((layers, 2, batch, seq, heads, hd), dtype=np.float32)
-    kv.fill(0.0)  # touch every page now, not during the first request
+    shape = (layers, 2, batch, seq, heads, hd)
+    if spare.get(shape):
+        kv = spare[shape].pop()  # scratch: a request writes each position before it reads it
+    else:
+        kv = np.empty(shape, dtype=np.float32)
+        kv.fill(0.0)  # touch every page now, not during the first request
     return Variant(str(spec.get("name", f"b{batch}-s{seq}")), batch, seq,
                    np.cos(angles), np.sin(angles), mask, kv)
 
 
-def _weight_arena(config: dict, adopt: dict[str, np.ndarray] | None = None
-                  ) -> dict[str, np.ndarray]:
-    """One touched float32 buffer for every tensor the config implies, as named views; or
-    ``adopt``, the arena of an earlier compile, when it holds exactly those tensors."""
+def _check_binds(config: dict, arena: dict[str, np.ndarray]) -> None:
+    """Raise LayoutChanged unless ``arena`` holds exactly the float32 tensors ``config`` implies."""
+    implied = {name: tuple(shape) for name, shape in tensor_shapes(config)}
+    held = {name: a.shape for name, a in arena.items() if a.dtype == np.float32}
+    if implied != held:
+        differ = sorted(set(implied.items()) ^ set(held.items()))
+        raise LayoutChanged(f"the config implies other weight tensors than the live arena holds "
+                            f"({len(differ)} names or shapes differ, e.g. {differ[0][0]})")
+
+
+def _weight_arena(config: dict) -> dict[str, np.ndarray]:
+    """One touched float32 buffer for every tensor the config implies, as named views."""
     shapes = tensor_shapes(config)
-    if adopt is not None and {n: tuple(s) for n, s in shapes} == \
-            {n: a.shape for n, a in adopt.items() if a.dtype == np.float32}:
-        return adopt
     total = sum(math.prod(shape) for _, shape in shapes)
     if total * 4 > MAX_ARENA_BYTES:
         raise GraphError(f"weights of {total} parameters exceed the {MAX_ARENA_BYTES}-byte arena limit")
@@ -124,11 +142,13 @@ def _weight_arena(config: dict, adopt: dict[str, np.ndarray] | None = None
 
 
 def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str,
-                  weights: dict[str, np.ndarray] | None = None) -> CompiledGraph:
-    """Parse, check and lower the graph for every variant it names. ``weights``: an earlier
-    graph's weight arena to bind instead of a new one, if the memory plan is the same (a
-    device runtime binds a new program to buffers already uploaded); the caller checks
-    ``result.weights is weights``."""
+                  bind: CompiledGraph | None = None) -> CompiledGraph:
+    """Parse, check and lower the graph for every variant it names. ``bind``: an earlier
+    graph over the same weights, whose weight arena the new graph takes instead of
+    allocating one (:class:`LayoutChanged`, before anything is allocated, if the config
+    implies other tensors than it holds), and whose KV arenas it takes for variants of
+    the same shape. The earlier graph must not run once the new one does (they share
+    scratch memory); nothing of it is written here, so it may run if this fails."""
     try:
         graph, config = json.loads(graph_bytes), json.loads(config_bytes)
     except ValueError as e:
@@ -136,10 +156,15 @@ def compile_graph(graph_bytes: bytes, config_bytes: bytes, digest: str,
     try:
         _check_config(config)
         _check_ops(graph, config)
+        if bind is not None:
+            _check_binds(config, bind.weights)
         specs = graph["variants"]
         if not specs:
             raise GraphError("graph names no variants")
-        return CompiledGraph(digest, config, [_variant(s, config) for s in specs],
-                             _weight_arena(config, weights))
+        spare: dict[tuple, list[np.ndarray]] = {}
+        for v in bind.variants if bind is not None else []:
+            spare.setdefault(v.kv.shape, []).append(v.kv)
+        return CompiledGraph(digest, config, [_variant(s, config, spare) for s in specs],
+                             bind.weights if bind is not None else _weight_arena(config))
     except (KeyError, TypeError) as e:
         raise GraphError(f"graph or config is malformed: missing or wrong {e}") from None

@@ -6,7 +6,10 @@ the strategy chosen is ``Reload`` (a plan, decided before anything live changed)
 in-place update that was admitted and then fails is ``failed`` - never turned into a
 reload. Reload closes the old runtime first, so a failed reload leaves the owner
 ``unloaded``; its staging step therefore checks that every target file is present with
-the manifest's size before the old runtime is closed.
+the manifest's size before the old runtime is closed. A reload whose target holds the
+live weights (``weightsReused``: only the graph is compiled and bound to them) touches
+nothing live until the new graph is ready, so its failure (``ReloadRefused``) leaves the
+old revision serving and the owner ``ready``.
 
 Traffic: an in-place transition keeps the owner ready; its apply holds the revision lock
 alone, so requests finish on the old revision or wait (bounded) for the new one. A reload
@@ -31,6 +34,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from . import api
+from .backends.base import ReloadRefused
 from .inplace import NeedsReload, ReleaseFailed, RestoreFailed, VerifyFailed
 from .revisions import IntegrityError, Revision, RevisionError
 
@@ -96,13 +100,16 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
         t1 = time.perf_counter()
         try:
             report = owner.backend.reload(target)
+        except ReloadRefused as e:
+            st.reason = f"reload failed before the live revision changed, which still serves: {e}"
+            return "ready", "failed"
         except Exception as e:  # noqa: BLE001 - the old runtime is closed: whatever failed, we are unloaded
             owner.backend.close()
             st.reason = f"reload failed after closing the old runtime: {type(e).__name__}: {e}"
             return "unloaded", "failed"
         t2 = time.perf_counter()
         t.apply_seconds = t2 - t1
-        st.graph_reused = report.graph_reused
+        st.graph_reused, st.weights_reused = report.graph_reused, report.weights_reused
         if owner.backend.describe().identity != target.manifest.identity():
             owner.backend.close()
             st.reason = "the reloaded runtime reports another identity than the target"

@@ -18,12 +18,20 @@ Scenarios (``--scenario``): ``spread`` (the default, results in this folder) cha
 hash one or two 4 MiB chunks per tensor; ``concentrated`` (results in ``concentrated/``)
 changes the same number of weight bytes (``--fraction`` of all weights) as one run of rows
 in the last layer's down projection and the LM head, as a head-and-last-layer fine-tune
-would.
+would. ``graph-only`` (results in ``graph-only/``) moves between base and a revision whose
+graph file alone differs (``make_revision(kind="graph")``, weights byte-identical), with
+path GraphOnly and strategy Reload (what Auto chooses there), in two arms:
+
+- ``graph_only``: the owner keeps its weight arena (``weightsReused``): compile the new
+  graph and bind it to the live weights, read no weights file;
+- ``full_reload``: the same transition with that reuse switched off (a benchmark-only
+  subclass), as the owner did before: close, compile anew (weight arena included), hash
+  every chunk and widen every tensor.
 
 After each transition one greedy token is generated; verify.py checks that every sample
 that reached the same revision produced the same token, whatever the arm.
 Usage: ``python experiments/02-in-place-vs-reload/run.py [--mib 1024] [--rounds 5]
-[--scenario spread|concentrated]``.
+[--scenario spread|concentrated|graph-only]``.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from owner.backends.cpu import CpuBackend  # noqa: E402
 from owner.local_volume import stage_revision  # noqa: E402
 from owner.runtime import Owner  # noqa: E402
 
+GRAPH_ONLY_RATIOS = {"full_reload_over_graph_only": ("full_reload", "graph_only")}
 RATIOS = {"reload_reuse_over_in_place": ("reload_reuse", "in_place"),
           "reload_cold_over_in_place": ("reload_cold", "in_place"),
           "reload_cold_over_reload_reuse": ("reload_cold", "reload_reuse")}
@@ -54,7 +63,23 @@ VARIANTS = [{"name": "b1-s128", "batch": 1, "seq": 128}, {"name": "b1-s512", "ba
             {"name": "b4-s512", "batch": 4, "seq": 512}]  # the demo config's max_seq is 512
 
 
+class SwitchableCpuBackend(CpuBackend):
+    """Benchmark-only: with ``full_reload`` set, a reload to the live weights reads them
+    again (close, compile, hash, widen) instead of keeping them."""
+
+    full_reload = False
+
+    def _rebind(self, rev):
+        return None if self.full_reload else super()._rebind(rev)
+
+
 def recompute(raw: dict) -> dict:
+    if raw["scope"]["scenario"] == "graph-only":
+        out = benchkit.summarize(raw["samples"], owner_transition.METRIC, GRAPH_ONLY_RATIOS)
+        derived = [{**s, "transition_seconds": s[owner_transition.METRIC] - s["first_token_seconds"]}
+                   for s in raw["samples"]]
+        out["excluding_first_token"] = benchkit.summarize(derived, "transition_seconds", GRAPH_ONLY_RATIOS)
+        return out
     return owner_transition.summary(raw, RATIOS, ("reload_reuse", "reload_cold"))
 
 
@@ -71,14 +96,18 @@ def prepare(work: Path, mib: int, fraction: float, scenario: str) -> tuple[Path,
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.perf_counter()
     base = make_demo(src / "base", mib * 1024 * 1024, seed=0, variants=VARIANTS)
-    tensors, per_tensor = None, fraction
-    if scenario == "concentrated":
-        tensors, per_tensor = concentrated(choose_config(mib * 1024 * 1024), fraction)
-    rows = make_revision(src / "base", src / "rows", "rows", fraction=per_tensor, seed=1, tensors=tensors)
+    if scenario == "graph-only":
+        other = "graph", make_revision(src / "base", src / "graph", "graph", seed=1)
+    else:
+        tensors, per_tensor = None, fraction
+        if scenario == "concentrated":
+            tensors, per_tensor = concentrated(choose_config(mib * 1024 * 1024), fraction)
+        other = "rows", make_revision(src / "base", src / "rows", "rows", fraction=per_tensor, seed=1,
+                                      tensors=tensors)
     stage_revision(vol, src / "base", make_current=True)
-    stage_revision(vol, src / "rows")
+    stage_revision(vol, src / other[0])
     print(f"bundles ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    return vol, {"base": base.digest, "rows": rows.digest}
+    return vol, {"base": base.digest, other[0]: other[1].digest}
 
 
 def transition(owner: Owner, digests: dict, strategy: str, cold: bool) -> dict:
@@ -87,26 +116,37 @@ def transition(owner: Owner, digests: dict, strategy: str, cold: bool) -> dict:
     return owner_transition.sample(owner, digests, strategy, cold, "\n")
 
 
+def graph_only(owner: Owner, digests: dict, full_reload: bool) -> dict:
+    owner.backend.full_reload = full_reload
+    return owner_transition.sample(owner, digests, "Reload", True, "\n", path="GraphOnly")
+
+
+def arms_for(scenario: str, owner: Owner, digests: dict) -> dict:
+    if scenario == "graph-only":
+        return {"graph_only": lambda: graph_only(owner, digests, False),
+                "full_reload": lambda: graph_only(owner, digests, True)}
+    return {"in_place": lambda: transition(owner, digests, "InPlace", False),
+            "reload_reuse": lambda: transition(owner, digests, "Reload", False),
+            "reload_cold": lambda: transition(owner, digests, "Reload", True)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=1024, help="weights size of the demo model (MiB)")
     ap.add_argument("--fraction", type=float, default=0.005,
                     help="spread: fraction of rows changed per tensor; concentrated: of all weight bytes")
-    ap.add_argument("--scenario", choices=("spread", "concentrated"), default="spread")
+    ap.add_argument("--scenario", choices=("spread", "concentrated", "graph-only"), default="spread")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workdir", default="/tmp/resident-bench-02")
     ap.add_argument("--keep", action="store_true", help="keep the generated bundles")
     args = ap.parse_args()
     work = Path(args.workdir)
     vol, digests = prepare(work, args.mib, args.fraction, args.scenario)
-    load_before = os.getloadavg()
-    owner = Owner(vol, CpuBackend())
+    load_before, before = os.getloadavg(), benchkit.machine()
+    owner = Owner(vol, SwitchableCpuBackend())
     owner.start()
     try:
-        arms = {"in_place": lambda: transition(owner, digests, "InPlace", False),
-                "reload_reuse": lambda: transition(owner, digests, "Reload", False),
-                "reload_cold": lambda: transition(owner, digests, "Reload", True)}
-        samples = benchkit.run_rounds(args.rounds, arms)
+        samples = benchkit.run_rounds(args.rounds, arms_for(args.scenario, owner, digests))
     finally:
         owner.close()
         if not args.keep:
@@ -115,7 +155,7 @@ def main() -> None:
                      "rounds": args.rounds, "variants": VARIANTS, "cpus": os.cpu_count(),
                      "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                      "digests": digests, "backend": "cpu"},
-           "samples": samples}
+           **benchkit.provenance(before, benchkit.machine()), "samples": samples}
     summary = recompute(raw)
     out = HERE if args.scenario == "spread" else HERE / args.scenario
     out.mkdir(exist_ok=True)

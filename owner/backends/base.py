@@ -4,7 +4,9 @@ apply_in_place, reload, close; and optionally ``generate_stream``.
 A backend holds one model revision on one card. It never takes locks itself: the owner
 runtime serializes inference and transitions around it. ``apply_in_place`` receives an
 already staged and admitted update (see :mod:`owner.inplace`); a backend that cannot
-update in place says so in ``describe()`` and is never asked.
+update in place says so in ``describe()`` and is never asked. ``reload`` may raise
+:class:`ReloadRefused` when it failed before touching the live revision (which then still
+serves); after any other error the backend is closed.
 
 Streaming is optional: a backend that yields tokens as it produces them offers
 ``generate_stream(prompt, max_tokens)``, an iterator of :class:`Piece`; :func:`stream` uses
@@ -28,6 +30,10 @@ class BackendError(RuntimeError):
 
 class BackendUnavailable(BackendError):
     """The backend's SDK or device is not present on this machine."""
+
+
+class ReloadRefused(BackendError):
+    """A reload failed before it touched the live revision, which is still loaded and serves."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,8 @@ class Piece:
 class LoadReport:
     read_seconds: float
     compile_seconds: float
-    graph_reused: bool
+    graph_reused: bool  # the compiled graph was kept (same graph digest)
+    weights_reused: bool = False  # the live weights were kept and no weights file was read
 
 
 @runtime_checkable

@@ -6,9 +6,10 @@ its chunks' sha256 checked, widening BF16 to float32 once into the graph's weigh
 tensors are exposed to :mod:`owner.inplace` as BF16 bit patterns, which float32 values
 widened from BF16 give back exactly, so in-place verification compares the exact bytes
 the bundle holds. Reload closes the old revision before reading the new one and keeps
-the compiled graph, weight buffers included, when the target's graph digest is unchanged;
-when only the graph changed (same weights digest), the new graph is bound to the weight
-buffers already filled and no weights file is read again.
+the compiled graph, weight buffers included, when the target's graph digest is unchanged.
+A reload whose target holds the live weights (the same weights digest) keeps them where
+they are instead: only the target's graph is compiled, bound to the filled weight
+buffers, and no weights file is read (see :meth:`CpuBackend._rebind`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from bundle.manifest import Role
 
 from .. import admission
 from ..decoder import Decoder, bf16_to_f32
-from ..graph import CompiledGraph, GraphError, compile_graph
+from ..graph import CompiledGraph, GraphError, LayoutChanged, compile_graph
 from ..inplace import ApplyReport, StagedUpdate
 from ..revisions import Revision, map_verified, read_verified
 from ..safetensors_layout import Layout, LayoutError, parse_layout
-from .base import BackendError, Description, LoadReport, Output, Piece, Residency, apply_and_advance
+from .base import (
+    BackendError, Description, LoadReport, Output, Piece, ReloadRefused, Residency, apply_and_advance,
+)
 
 
 class CpuBackend:
@@ -50,30 +53,52 @@ class CpuBackend:
         return self._load(revision, keep=None)
 
     def reload(self, revision: Revision) -> LoadReport:
-        """Close the old runtime first; keep its compiled graph if the graph digest matches,
-        else keep its filled weight arena if only the graph changed (same weights digest)."""
+        """Keep the live weights if the target's are the same files (:meth:`_rebind`); else
+        close the old runtime first and load the target, keeping the compiled graph (and
+        its weight arena) when the graph digest matches."""
+        if self.revision is not None and \
+                self.revision.manifest.weights_digest == revision.manifest.weights_digest:
+            report = self._rebind(revision)
+            if report is not None:
+                return report
         keep = self.graph if self.graph and self.graph.digest == revision.manifest.graph_digest else None
-        same_weights = (keep is None and self.revision is not None
-                        and self.revision.manifest.weights_digest == revision.manifest.weights_digest)
-        filled = (self.weights, self._layouts) if same_weights else None
         self.close()
-        return self._load(revision, keep, filled)
+        return self._load(revision, keep)
+
+    def _rebind(self, rev: Revision) -> LoadReport | None:
+        """Move to ``rev``, whose weights files are the live revision's (equal weights
+        digests: the same paths and sha256, so the same bytes, verified when the arena was
+        filled or rows were written in place): the live arena stays, no weights file is
+        read, and only a changed graph is compiled, bound to that arena (and to the old
+        graph's KV arenas where a variant keeps its shape). The new graph is compiled while
+        the old one is still loaded, and nothing of the old one is written, so a failure
+        raises ReloadRefused with the old revision loaded and whole.
+        None if the target's config implies another tensor layout: that is a full reload."""
+        t0 = time.perf_counter()
+        graph = self.graph
+        if graph.digest != rev.manifest.graph_digest:
+            try:
+                graph = self._compile(rev, bind=self.graph)
+            except LayoutChanged:
+                return None
+            except Exception as e:  # noqa: BLE001 - nothing live changed: whatever failed, the old revision serves
+                raise ReloadRefused(f"{type(e).__name__}: {e}") from e
+        reused = graph is self.graph
+        self.graph, self.decoder, self.revision = graph, Decoder(self.weights, graph), rev
+        return LoadReport(0.0, time.perf_counter() - t0, reused, weights_reused=True)
 
     def close(self) -> None:
         self.revision, self.decoder, self.graph = None, None, None
         self.weights, self._layouts = {}, {}
 
-    def _load(self, rev: Revision, keep: CompiledGraph | None,
-              filled: tuple[dict[str, np.ndarray], dict[str, Layout]] | None = None) -> LoadReport:
+    def _load(self, rev: Revision, keep: CompiledGraph | None) -> LoadReport:
         m = rev.manifest
         t0 = time.perf_counter()
         try:
-            graph = keep or self._compile(rev, filled[0] if filled else None)
+            graph = keep or self._compile(rev)
             t1 = time.perf_counter()
             loaded, layouts = set(), {}
-            if filled and graph.weights is filled[0]:   # the same verified bytes, already resident
-                loaded, layouts = set(graph.weights), filled[1]
-            for entry in ([] if loaded else m.files_with(Role.weights)):
+            for entry in m.files_with(Role.weights):
                 mm = map_verified(rev, entry)
                 try:
                     layout = parse_layout(mm, entry.size)
@@ -96,14 +121,14 @@ class CpuBackend:
         self.revision = rev
         return LoadReport(time.perf_counter() - t1, t1 - t0, keep is not None)
 
-    def _compile(self, rev: Revision, weights: dict[str, np.ndarray] | None = None) -> CompiledGraph:
+    def _compile(self, rev: Revision, bind: CompiledGraph | None = None) -> CompiledGraph:
         m = rev.manifest
         graphs = m.files_with(Role.graph)
         configs = [f for f in m.files_with(Role.config) if f.path.endswith("config.json")]
         if len(graphs) != 1 or len(configs) != 1:
             raise BackendError("the cpu backend needs exactly one graph file and one config.json")
         return compile_graph(bytes(read_verified(rev, graphs[0])), bytes(read_verified(rev, configs[0])),
-                             m.graph_digest, weights)
+                             m.graph_digest, bind)
 
     # -- serving -----------------------------------------------------------------
     def describe(self) -> Description:

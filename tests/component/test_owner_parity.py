@@ -84,13 +84,14 @@ def test_in_place_chain_and_back_matches_fresh_loads(volume):
     assert outputs(live) == base_out
 
 
-@pytest.mark.parametrize("name, reused", [("whole", True), ("graph", False), ("lm-head", True)])
-def test_reload_matches_fresh_load_and_reuses_graph_only_when_unchanged(volume, name, reused):
+@pytest.mark.parametrize("name, reused, weights_reused",
+                         [("whole", True, False), ("graph", False, True), ("lm-head", True, False)])
+def test_reload_matches_fresh_load_and_reuses_graph_only_when_unchanged(volume, name, reused, weights_reused):
     vol, digests = volume
     live = fresh(vol, digests["base"])
     arena = live.weights["lm_head.weight"]
     report = live.reload(open_revision(vol, digests[name]))
-    assert report.graph_reused is reused
+    assert (report.graph_reused, report.weights_reused) == (reused, weights_reused)
     # a kept graph keeps its weight buffers (the new weights are widened into the same
     # memory); a new graph over the same weights is bound to the buffers already filled
     assert np.shares_memory(live.weights["lm_head.weight"], arena)
@@ -108,8 +109,11 @@ def test_graph_only_reload_reads_no_weights_file(tmp_path):
     data[5 * 64 * 1024] ^= 0x01
     weights.write_bytes(bytes(data))
     live = fresh(vol, digests["base"])
+    kv = [v.kv for v in live.graph.variants]
     report = live.reload(graph)   # would raise IntegrityError if it read the spoiled file
-    assert report.graph_reused is False and live.revision.digest == digests["graph"]
+    assert (report.graph_reused, report.weights_reused) == (False, True)
+    assert [v.kv for v in live.graph.variants] == kv   # same variants: the KV arenas are taken over
+    assert live.revision.digest == digests["graph"]
     assert outputs(live) == expected
 
 
@@ -195,9 +199,9 @@ def test_reload_closes_the_old_runtime_before_creating_the_new(volume):
             events.append(("close", self.revision.digest if self.revision else None))
             super().close()
 
-        def _load(self, rev, keep, filled=None):
+        def _load(self, rev, keep):
             events.append(("load", rev.digest, self.weights == {}))
-            return super()._load(rev, keep, filled)
+            return super()._load(rev, keep)
 
     live = RecordingCpuBackend()
     live.load(open_revision(vol, digests["base"]))

@@ -5,7 +5,9 @@ The Fault*/Slow* backends are test-only subclasses of the real cpu backend that 
 one failure each (FaultyWriteCpuBackend lives in tests/fault_backends.py).
 """
 
+import json
 import os
+import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -15,6 +17,7 @@ import pytest
 import requests
 
 from bundle.demo import make_demo, make_revision
+from bundle.scan import build_manifest, write_manifest
 from owner.backends.cpu import CpuBackend
 from owner.local_volume import stage_revision
 from owner.revisions import open_revision
@@ -189,12 +192,15 @@ def test_auto_reloads_when_not_admissible_and_reuses_graph_only_when_unchanged(v
     vol, d = volume
     with serving(vol) as c:
         st = c.transition(d["graph"], path="GraphOnly")
-        assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", False)
+        assert (st["result"], st["strategy"], st["graphReused"], st["weightsReused"]) == (
+            "succeeded", "Reload", False, True)
         assert "reload chosen" in st["reason"]
         st = c.transition(d["whole"])
-        assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", False)
+        assert (st["result"], st["strategy"], st["graphReused"], st["weightsReused"]) == (
+            "succeeded", "Reload", False, False)
         st = c.transition(d["rows"], strategy="Reload")
-        assert (st["result"], st["strategy"], st["graphReused"]) == ("succeeded", "Reload", True)
+        assert (st["result"], st["strategy"], st["graphReused"], st["weightsReused"]) == (
+            "succeeded", "Reload", True, False)
         assert st["timings"].pop("warmupSeconds") is None  # the owner does not warm up
         assert all(v is not None for v in st["timings"].values())
         assert c.generate().json()["tokens"] == reference[d["rows"]]
@@ -472,3 +478,101 @@ def test_start_failure_closes_the_engine(tmp_path):
     with pytest.raises(StartupError, match="no current revision"):
         owner.start()
     assert owner.state == "unloaded" and backend.decoder is None
+
+
+def derive(vol, tmp, digest, name, edit):
+    """Stage a copy of revision ``digest`` whose ``edit(dir)`` changed graph or config files
+    (its weights file stays byte-identical); return its digest."""
+    out = tmp / name
+    shutil.copytree(open_revision(vol, digest).dir, out)
+    edit(out)
+    write_manifest(out, build_manifest(out, chunk_size=64 * 1024))
+    return stage_revision(vol, out, hardlink=False)
+
+
+def edit_json(name, **changes):
+    def edit(bundle_dir):
+        doc = json.loads((bundle_dir / name).read_text())
+        doc.update(changes)
+        (bundle_dir / name).write_text(json.dumps(doc))
+    return edit
+
+
+@pytest.fixture(scope="module")
+def same_weights(volume, tmp_path_factory):
+    """Revisions with base's weights file: ``rope`` (config.json's rope_theta changed, so the
+    same weights answer differently), ``wide`` (d_ff changed: a config that implies other
+    tensor shapes) and ``bad-op`` (a graph the compiler refuses)."""
+    vol, d = volume
+    tmp = tmp_path_factory.mktemp("same-weights")
+    graph = json.loads((open_revision(vol, d["base"]).dir / "graph.json").read_text())
+    config = json.loads((open_revision(vol, d["base"]).dir / "config.json").read_text())
+    layers = [{**layer, "ops": layer["ops"] + ["teleport"]} for layer in graph["layers"]]
+    out = {"rope": derive(vol, tmp, d["base"], "rope", edit_json("config.json", rope_theta=1000.0)),
+           "wide": derive(vol, tmp, d["base"], "wide", edit_json("config.json", d_ff=config["d_ff"] + 2)),
+           "bad-op": derive(vol, tmp, d["base"], "bad-op", edit_json("graph.json", layers=layers))}
+    weights = open_revision(vol, d["base"]).manifest.weights_digest
+    assert all(open_revision(vol, v).manifest.weights_digest == weights for v in out.values())
+    return out
+
+
+def cold_start(vol, digest):
+    """What an owner started on ``digest`` answers (or the error its start gives)."""
+    b = CpuBackend()
+    try:
+        b.load(open_revision(vol, digest))
+    except Exception as e:  # noqa: BLE001 - the test compares the error too
+        return f"{type(e).__name__}: {e}"
+    return b.generate(PROMPT, 8).tokens
+
+
+def test_a_graph_only_transition_keeps_the_live_weights_and_answers_as_a_cold_start(volume, reference,
+                                                                                    same_weights):
+    vol, d = volume
+    with serving(vol) as c:
+        arena = c.owner.backend.weights["lm_head.weight"]
+        for target in (d["graph"], same_weights["rope"], d["base"]):
+            st = c.transition(target, path="GraphOnly")
+            assert (st["result"], st["strategy"], st["graphReused"], st["weightsReused"]) == (
+                "succeeded", "Reload", False, True), st
+            assert st["identity"] == identity_of(vol, target)
+            # the same memory, not a new arena filled again (a full reload compiles a new one)
+            assert c.owner.backend.weights["lm_head.weight"] is arena
+            assert c.generate().json()["tokens"] == cold_start(vol, target)
+        assert cold_start(vol, same_weights["rope"]) != reference[d["base"]]  # the new graph answers
+        st = c.transition(d["whole"], strategy="Reload")   # other weights: a full reload
+        assert (st["result"], st["graphReused"], st["weightsReused"]) == ("succeeded", True, False)
+        assert c.generate().json()["tokens"] == reference[d["whole"]]
+        c.transition(d["base"], strategy="Reload")
+
+
+def test_a_graph_only_transition_that_fails_to_compile_leaves_the_old_revision_serving(volume, reference,
+                                                                                       same_weights):
+    vol, d = volume
+    with serving(vol) as c:
+        before = {n: w.copy() for n, w in c.owner.backend.weights.items()}
+        st = c.transition(same_weights["bad-op"], path="GraphOnly")
+        assert (st["result"], st["strategy"]) == ("failed", "Reload")
+        assert "still serves" in st["reason"] and "unknown op 'teleport'" in st["reason"]
+        assert st["identity"] == identity_of(vol, d["base"])
+        ident = c.get("/v1/identity").json()
+        assert (ident["state"], ident["identity"]) == ("ready", identity_of(vol, d["base"]))
+        assert c.get("/readyz", auth=False).status_code == 200
+        assert c.generate().json()["tokens"] == reference[d["base"]]
+        assert all(np.array_equal(w, before[n]) for n, w in c.owner.backend.weights.items())
+        st = c.transition(d["graph"], path="GraphOnly")   # and it can still move on
+        assert (st["result"], st["weightsReused"]) == ("succeeded", True)
+        c.transition(d["base"], strategy="Reload")
+
+
+def test_same_weights_under_a_config_of_other_tensor_shapes_is_a_full_reload(volume, same_weights):
+    vol, d = volume
+    expected = cold_start(vol, same_weights["wide"])   # the weights no longer fit: a start fails
+    assert "has shape" in expected
+    with serving(vol) as c:
+        st = c.transition(same_weights["wide"], path="GraphOnly")
+        # the live arena was not bound to the new graph: the old revision was closed and the
+        # weights file read into a new one, which refuses it exactly as a cold start does
+        assert st["result"] == "failed" and expected in st["reason"] and "after closing" in st["reason"]
+        assert c.owner.backend.weights == {}
+        assert c.get("/v1/identity").json()["state"] == "unloaded"

@@ -14,7 +14,7 @@ from owner import api
 from owner.backends import BackendError, BackendUnavailable, create_backend
 from owner.backends.vendor import VendorBackend
 from owner.decoder import bf16_to_f32
-from owner.graph import GraphError, compile_graph
+from owner.graph import GraphError, LayoutChanged, compile_graph
 from owner.admission import plan_ranges
 from owner.inplace import ChangedRange, NeedsReload
 from owner.safetensors_layout import LayoutError, parse_layout
@@ -110,7 +110,8 @@ def test_transition_request_is_strict():
 def test_status_serializes_with_contract_names():
     st = api.TransitionStatus(id="x", **{"from": None}, to="sha256:" + H, requested="Auto", path="GraphOnly")
     doc = json.loads(api.dump(st))
-    assert {"id", "from", "to", "strategy", "result", "reason", "identity", "timings"} <= set(doc)
+    assert {"id", "from", "to", "strategy", "result", "reason", "identity", "timings",
+            "graphReused", "weightsReused"} <= set(doc)
     assert set(doc["timings"]) == {"stageSeconds", "applySeconds", "verifySeconds", "firstTokenSeconds",
                                    "warmupSeconds", "totalSeconds"}
 
@@ -129,6 +130,25 @@ def test_graph_compile_checks_layers_ops_and_variants():
                             "seq 513 exceeds the model's max_seq 512")):
         with pytest.raises(GraphError, match=message):
             compile_graph(json.dumps(graph).encode(), json.dumps(config).encode(), "d")
+
+
+def test_graph_compile_binds_an_earlier_graphs_arenas_only_where_they_fit():
+    config = choose_config(256 * 1024)
+    variants = [{"name": "v", "batch": 1, "seq": 8}, {"name": "w", "batch": 2, "seq": 8}]
+    first = compile_graph(json.dumps(default_graph(config, variants)).encode(), json.dumps(config).encode(), "a")
+    wider = [variants[0], {"name": "w", "batch": 2, "seq": 16}]
+    again = compile_graph(json.dumps(default_graph(config, wider)).encode(),
+                          json.dumps(dict(config, rope_theta=1000.0)).encode(), "b", bind=first)
+    assert again.weights is first.weights and again.config["rope_theta"] == 1000.0
+    assert again.variants[0].kv is first.variants[0].kv                       # same shape: taken over
+    assert again.variants[1].kv.shape[3] == 16 and again.variants[1].kv is not first.variants[1].kv
+    assert not np.array_equal(again.variants[0].cos, first.variants[0].cos)  # tables from the new config
+    for other in (dict(config, d_ff=config["d_ff"] + 2), dict(config, n_layers=config["n_layers"] + 1)):
+        with pytest.raises(LayoutChanged, match="other weight tensors"):
+            compile_graph(json.dumps(default_graph(other, variants)).encode(), json.dumps(other).encode(), "c",
+                          bind=first)
+    fresh = compile_graph(json.dumps(default_graph(config, variants)).encode(), json.dumps(config).encode(), "d")
+    assert fresh.weights is not first.weights and fresh.variants[0].kv is not first.variants[0].kv
 
 
 def test_registry_names_backends_and_vendor_sdks_fail_clearly():
