@@ -58,29 +58,30 @@ class CpuBackend:
         its weight arena) when the graph digest matches."""
         if self.revision is not None and \
                 self.revision.manifest.weights_digest == revision.manifest.weights_digest:
-            report = self._rebind(revision)
-            if report is not None:
-                return report
+            return self._rebind(revision)
         keep = self.graph if self.graph and self.graph.digest == revision.manifest.graph_digest else None
         self.close()
         return self._load(revision, keep)
 
-    def _rebind(self, rev: Revision) -> LoadReport | None:
+    def _rebind(self, rev: Revision) -> LoadReport:
         """Move to ``rev``, whose weights files are the live revision's (equal weights
         digests: the same paths and sha256, so the same bytes, verified when the arena was
         filled or rows were written in place): the live arena stays, no weights file is
         read, and only a changed graph is compiled, bound to that arena (and to the old
         graph's KV arenas where a variant keeps its shape). The new graph is compiled while
         the old one is still loaded, and nothing of the old one is written, so a failure
-        raises ReloadRefused with the old revision loaded and whole.
-        None if the target's config implies another tensor layout: that is a full reload."""
+        raises ReloadRefused with the old revision loaded and whole. A config that implies
+        another tensor layout is refused the same way: the same weights files cannot fill
+        it (a cold start on that revision fails too), so closing the live revision for it
+        would only leave the owner unloaded."""
         t0 = time.perf_counter()
         graph = self.graph
         if graph.digest != rev.manifest.graph_digest:
             try:
                 graph = self._compile(rev, bind=self.graph)
-            except LayoutChanged:
-                return None
+            except LayoutChanged as e:
+                raise ReloadRefused(f"{e}; its weights files are the live revision's, which "
+                                    "cannot hold that layout") from e
             except Exception as e:  # noqa: BLE001 - nothing live changed: whatever failed, the old revision serves
                 raise ReloadRefused(f"{type(e).__name__}: {e}") from e
         reused = graph is self.graph

@@ -565,14 +565,17 @@ def test_a_graph_only_transition_that_fails_to_compile_leaves_the_old_revision_s
         c.transition(d["base"], strategy="Reload")
 
 
-def test_same_weights_under_a_config_of_other_tensor_shapes_is_a_full_reload(volume, same_weights):
+def test_same_weights_under_a_config_of_other_tensor_shapes_is_refused_and_the_old_revision_serves(
+        volume, reference, same_weights):
     vol, d = volume
-    expected = cold_start(vol, same_weights["wide"])   # the weights no longer fit: a start fails
-    assert "has shape" in expected
+    assert "has shape" in cold_start(vol, same_weights["wide"])   # the weights cannot fill it
     with serving(vol) as c:
+        arena = c.owner.backend.weights["lm_head.weight"]
         st = c.transition(same_weights["wide"], path="GraphOnly")
-        # the live arena was not bound to the new graph: the old revision was closed and the
-        # weights file read into a new one, which refuses it exactly as a cold start does
-        assert st["result"] == "failed" and expected in st["reason"] and "after closing" in st["reason"]
-        assert c.owner.backend.weights == {}
-        assert c.get("/v1/identity").json()["state"] == "unloaded"
+        # refused before anything live was closed, rather than a reload that cannot succeed
+        assert st["result"] == "failed" and "still serves" in st["reason"]
+        assert "other weight tensors" in st["reason"]
+        ident = c.get("/v1/identity").json()
+        assert (ident["state"], ident["identity"]) == ("ready", identity_of(vol, d["base"]))
+        assert c.owner.backend.weights["lm_head.weight"] is arena
+        assert c.generate().json()["tokens"] == reference[d["base"]]
