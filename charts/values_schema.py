@@ -53,7 +53,6 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "operator.deleteGraceSeconds": POSITIVE_SECONDS,
     "operator.extraEnv": NAMED_ITEMS,
     "operator.watchNamespaces": {"items": {"type": "string", "minLength": 1}},
-    "operator.owner.networkPolicy.namespaces": {"items": {"type": "string", "minLength": 1}},
     "operator.owner.networkPolicy.operatorNamespaceLabels": OPEN,
     "operator.resources": OPEN,
     "operator.resources.requests": OPEN,

@@ -41,6 +41,12 @@ Installation settings come from the environment:
   RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)
   RESIDENT_DELETE_GRACE_SECONDS      a deleted model stops waiting for a child this long
                                      after the child's deletion (default 300)
+  RESIDENT_OWNER_NETWORK_POLICY      true: a NetworkPolicy per model admits its owners'
+                                     control port only from the operator's Pods (default
+                                     false; the chart turns it on) and needs:
+  RESIDENT_OPERATOR_POD_LABELS       the operator's Pod labels, k=v,k=v
+  RESIDENT_OPERATOR_NAMESPACE        the operator's namespace, or
+  RESIDENT_OPERATOR_NAMESPACE_LABELS labels selecting it, k=v,k=v
 Kubernetes credentials: KUBECONFIG / ~/.kube/config, else the in-cluster service account.
 """
 

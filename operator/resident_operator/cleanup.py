@@ -26,7 +26,7 @@ from .conditions import seconds_since
 from .context import ModelContext
 from .model_state import ModelState
 
-SWEPT_KINDS = ("BundleDelivery", "Pod", "Service", "PodDisruptionBudget", "Secret")
+SWEPT_KINDS = ("BundleDelivery", "Pod", "Service", "PodDisruptionBudget", "NetworkPolicy", "Secret")
 
 
 def delete_recorded_children(ctx: ModelContext, state: ModelState) -> list[ch.Child]:

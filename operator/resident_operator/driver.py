@@ -64,10 +64,10 @@ class ModelHandle:
 
 # What a pass reuses from earlier passes (``ModelHandle.known``), and the events after
 # which it must read it again: the owners' token after a change of its Secret; the
-# companions (Service, PodDisruptionBudget), checked while ``endpoint`` is known, after a
-# change of either or of the spec. The safety resync reads everything again.
+# companions (Service, PodDisruptionBudget, NetworkPolicy), checked while ``endpoint`` is
+# known, after a change of any of them or of the spec. The safety resync reads everything again.
 FORGETS = {"secret": ("token",), "model": ("endpoint",), "service": ("endpoint",),
-           "budget": ("endpoint",), "resync": ("token", "endpoint")}
+           "budget": ("endpoint",), "control-policy": ("endpoint",), "resync": ("token", "endpoint")}
 
 
 def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:

@@ -6,8 +6,9 @@
   session and the cluster-wide orphan sweep.
 - ``model_handles`` indexes ResidentModels by UID; the value is the model's
   :class:`~.driver.ModelHandle` (kept in its memo), which child handlers use to wake it.
-- ``model_changed``, ``pod_changed``, ``secret_changed`` and ``delivery_changed`` wake
-  the model a change concerns; ``drive`` (a daemon, one per model) runs its passes.
+- ``model_changed`` and the ``*_changed`` handlers of its children (owner Pods, the token
+  Secret, BundleDeliveries, the companions: Service, budget, control policy) wake the
+  model a change concerns; ``drive`` (a daemon, one per model) runs its passes.
 - ``on_delete`` deletes recorded children by UID and keeps the finalizer until all are
   gone; it takes the model's pass lock, so it never runs beside a pass.
 
@@ -71,7 +72,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="resident.dev", key="last-handled-configuration")
     # Only our children are watched: the API server filters them by label.
-    for plural in ("pods", "secrets", "services", "poddisruptionbudgets"):
+    for plural in ("pods", "secrets", "services", "poddisruptionbudgets", "networkpolicies"):
         settings.watching.label_selectors[plural] = naming.LABEL_MODEL_UID
     # Events are posted explicitly (kopf.event ignores this level); kopf's own log lines,
     # e.g. "failed temporarily" every retry while children go away, stay in the logs.
@@ -190,6 +191,11 @@ async def service_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> N
 @kopf.on.event("policy", "poddisruptionbudgets", labels=OWNED)   # the served version
 async def budget_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
     _wake_model_of(labels, model_handles, "budget")
+
+
+@kopf.on.event("networking.k8s.io", "networkpolicies", labels=OWNED)
+async def control_policy_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
+    _wake_model_of(labels, model_handles, "control-policy")
 
 
 @kopf.on.event(*DELIVERIES, labels=OWNED)

@@ -1,7 +1,7 @@
 """The operator's side effects on the API server, as plain dicts in and out.
 
 A thin layer over the official client for the kinds the operator creates (Pod, Secret,
-Service, BundleDelivery, PodDisruptionBudget) and for the ResidentModel's status. Creation tolerates 409 by
+Service, BundleDelivery, PodDisruptionBudget, NetworkPolicy) and for the ResidentModel's status. Creation tolerates 409 by
 returning the existing object (the caller decides whether it may adopt it); deletion
 tolerates 404 and always carries a UID precondition, and reports a 409 (the name now
 belongs to another object) as "not ours" instead of deleting it.
@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}
 # other kinds: (group, versions in order of preference, plural)
 KINDS = {"BundleDelivery": (naming.GROUP, (naming.VERSION,), naming.DELIVERY_PLURAL),
-         "PodDisruptionBudget": ("policy", ("v1", "v1beta1"), "poddisruptionbudgets")}
+         "PodDisruptionBudget": ("policy", ("v1", "v1beta1"), "poddisruptionbudgets"),
+         "NetworkPolicy": ("networking.k8s.io", ("v1",), "networkpolicies")}
 
 
 def load_config() -> kubernetes.client.ApiClient:

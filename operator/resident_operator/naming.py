@@ -42,6 +42,8 @@ PORT_HTTP = "http"
 OWNER_CONTAINER = "owner"               # the owner Pod's one container
 COMPONENT_SERVICE = "service"
 COMPONENT_BUDGET = "disruption-budget"
+COMPONENT_CONTROL_POLICY = "control-policy"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # set on every Namespace from 1.21
 BUNDLE_MOUNT = "/bundle"
 MAX_NAME = 63
 
@@ -57,6 +59,11 @@ def fit(name: str, limit: int = MAX_NAME) -> str:
 def owner_pod_name(model: str, slot: int, incarnation: int = 0) -> str:
     suffix = f"-owner-{slot}" + (f"-r{incarnation}" if incarnation else "")
     return fit(model, MAX_NAME - len(suffix)) + suffix
+
+
+def control_policy_name(model: str) -> str:
+    """The model's NetworkPolicy (``control_policy.py``)."""
+    return fit(model, MAX_NAME - len("-owner-control")) + "-owner-control"
 
 
 def token_secret_name(model: str) -> str:

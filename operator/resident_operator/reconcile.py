@@ -23,6 +23,7 @@ from .model_state import ModelState
 from .observe import derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
 from .rollout import step_transition
+from .control_policy import ensure_control_policy
 from .disruption import ensure_disruption_budget
 from .serving import ensure_service
 from .source_check import check_first_placement
@@ -70,6 +71,7 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     if ctx.endpoint is None:   # companions not checked since they or the spec last changed
         endpoint = ensure_service(ctx, state, spec)
         ensure_disruption_budget(ctx, state, spec)
+        ensure_control_policy(ctx, state)
         ctx.endpoint = endpoint or None   # '' (the name is taken): look again next pass
     views = observe_owners(ctx, pods, spec)
     if state.transition is None:

@@ -10,9 +10,9 @@ them) into one typed, immutable object that every handler receives.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "RESIDENT_"
 
@@ -40,6 +40,41 @@ class OperatorSettings(BaseModel):
     delete_grace_seconds: float = Field(default=300.0, gt=0, description=(
         "how long a deleted model waits for the bridge to release a BundleDelivery (or for "
         "kubelet to finish an owner Pod) before it stops waiting and says what may remain"))
+    owner_network_policy: bool = Field(default=False, description=(
+        "a NetworkPolicy per model admits its owners' control port only from the operator's "
+        "Pods (control_policy.py); the chart turns it on, as the operator run by hand does "
+        "not know its own Pods"))
+    operator_namespace: str = Field(default="", description=(
+        "the operator's namespace (the chart sets it from the Pod's metadata.namespace)"))
+    operator_namespace_labels: dict[str, str] = Field(default_factory=dict, description=(
+        "labels selecting the operator's namespace, as k=v,k=v; empty: "
+        "kubernetes.io/metadata.name=<operator_namespace>"))
+    operator_pod_labels: dict[str, str] = Field(default_factory=dict, description=(
+        "labels selecting the operator's Pods, as k=v,k=v (the chart's selector labels)"))
+
+    @field_validator("operator_namespace_labels", "operator_pod_labels", mode="before")
+    @classmethod
+    def _labels(cls, value: Any) -> Any:
+        """``k=v,k=v`` (as kubectl writes labels) into a mapping; a mapping stays as it is."""
+        if not isinstance(value, str):
+            return value
+        labels = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            key, eq, val = part.partition("=")
+            if not eq or not key.strip():
+                raise ValueError(f"{part!r} is not key=value")
+            labels[key.strip()] = val.strip()
+        return labels
+
+    @model_validator(mode="after")
+    def _peer_known(self) -> "OperatorSettings":
+        if self.owner_network_policy and not self.operator_pod_labels:
+            raise ValueError(f"{ENV_PREFIX}OWNER_NETWORK_POLICY needs "
+                             f"{ENV_PREFIX}OPERATOR_POD_LABELS (the operator's own Pod labels)")
+        if self.owner_network_policy and not (self.operator_namespace or self.operator_namespace_labels):
+            raise ValueError(f"{ENV_PREFIX}OWNER_NETWORK_POLICY needs {ENV_PREFIX}OPERATOR_NAMESPACE "
+                             f"or {ENV_PREFIX}OPERATOR_NAMESPACE_LABELS")
+        return self
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -60,5 +95,6 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> OperatorSetti
     try:
         return OperatorSettings(**values)
     except ValidationError as e:
-        parts = [f"{ENV_PREFIX}{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors()]
+        parts = [f"{ENV_PREFIX}{str(err['loc'][0]).upper()}: {err['msg']}" if err["loc"] else err["msg"]
+                 for err in e.errors()]
         raise SettingsError("; ".join(parts)) from None

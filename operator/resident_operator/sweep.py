@@ -1,13 +1,13 @@
 """The orphan sweep: one cluster-wide pass every ``RESIDENT_SWEEP_SECONDS``.
 
-It lists each swept kind (BundleDeliveries, Pods, Secrets) once per namespace that holds
+It lists each swept kind (``cleanup.SWEPT_KINDS``) once per namespace that holds
 models, by the ``resident.dev/model-uid`` label, and compares what it finds with the
 children each model's status records (kept in memory from the model watch). Only a model
 with a difference is looked at closely: under its pass lock and from a fresh read, objects
 labelled for it but not recorded are deleted by UID (Event ``OrphanDeleted``) and records
 of objects that went away are forgotten. An object whose controller, by owner reference,
-is a model that no longer exists is deleted by UID as well. A settled cluster costs three
-LIST requests per namespace and sweep, whatever the number of models.
+is a model that no longer exists is deleted by UID as well. A settled cluster costs one
+LIST request per swept kind, namespace and sweep, whatever the number of models.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installed package
     sys.path.insert(0, str(REPO))
 
-from chart_accounts import service_account_token  # noqa: E402
+from chart_accounts import container_env, service_account_token  # noqa: E402
 from charts.helmenv import CHART_DIR, Helm  # noqa: E402
 
 GROUP, VERSION = "resident.dev", "v1alpha1"
@@ -184,7 +184,7 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     deploy = fresh.apps.read_namespaced_deployment(f"{RELEASE}-operator", NAMESPACE)
     c = deploy.spec.template.spec.containers[0]
     args = [a.replace("$(POD_IP)", "127.0.0.1") for a in c.args]
-    env = {e.name: e.value or "" for e in c.env if e.value_from is None}
+    env = container_env(c, NAMESPACE)   # RESIDENT_OPERATOR_NAMESPACE from the downward API
     assert args[:2] == ["operator", "--all-namespaces"]
     kubeconfig = sa_kubeconfig(fresh, "operator", tmp_path / "operator.kubeconfig")
     proc = processes.start(["resident", *args], clean_env(**env, KUBECONFIG=kubeconfig),
@@ -205,12 +205,20 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     def recorded():
         m = custom.get_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
         kinds = sorted(c["kind"] for c in (m.get("status") or {}).get("children") or [])
-        return kinds == ["Pod", "PodDisruptionBudget", "Secret", "Service"] and m
-    m = wait_for("the owner Pod, token Secret, Service and budget in status.children", recorded, proc=proc)
+        return kinds == ["NetworkPolicy", "Pod", "PodDisruptionBudget", "Secret", "Service"] and m
+    m = wait_for("the owner Pod, token Secret, Service, budget and policy in status.children", recorded,
+                 proc=proc)
     assert "resident.dev/cleanup" in m["metadata"]["finalizers"]
     assert core.read_namespaced_secret(f"{name}-owner-token", "models").data["token"]
     pod = core.read_namespaced_pod(f"{name}-owner-0", "models")
     assert pod.spec.containers[0].image == env["RESIDENT_OWNER_IMAGE"]
+    # the owners' control port, in the tenant's namespace, only from the operator's Pods
+    policy = client.NetworkingV1Api(core.api_client).read_namespaced_network_policy(
+        f"{name}-owner-control", "models")
+    peer, = policy.spec.ingress[0]._from
+    assert peer.namespace_selector.match_labels == {"kubernetes.io/metadata.name": NAMESPACE}
+    assert peer.pod_selector.match_labels == deploy.spec.selector.match_labels
+    assert policy.spec.pod_selector.match_labels.items() <= pod.metadata.labels.items()
     assert "resident_operator_reconciles_total" in requests.get(
         f"http://127.0.0.1:{fresh.ports['metrics']}/metrics", timeout=5).text
 
@@ -220,6 +228,8 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     assert core.list_namespaced_pod("models", label_selector=f"resident.dev/model={name}").items == []
     assert core.list_namespaced_secret("models", label_selector=f"resident.dev/model={name}").items == []
     assert core.list_namespaced_service("models", label_selector=f"resident.dev/model={name}").items == []
+    assert client.NetworkingV1Api(core.api_client).list_namespaced_network_policy(
+        "models", label_selector=f"resident.dev/model={name}").items == []
 
 
 def can_connect_as(path: str, uid: int, gid: int) -> bool:

@@ -49,6 +49,12 @@ def wait_for(what, check, timeout=30.0):
         time.sleep(0.3)
 
 
+def as_set(env: dict) -> dict[str, str]:
+    """Environment values as the container gets them: "" where the API server dropped an
+    empty value (a valueFrom reference, too, until the caller fills it in)."""
+    return {k: v or "" for k, v in env.items()}
+
+
 def containers(pod_spec: dict) -> dict[str, dict]:
     return {c["name"]: c for c in pod_spec["containers"]}
 
@@ -205,16 +211,22 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert services[f"{full}-bridge-metrics"]["clusterIP"] == "None"
         roles = {r["metadata"]["name"] for r in items(cluster, "clusterroles", selector)}
         assert roles == {f"{full}-operator", f"{full}-bridge"}
-        # owners' control port: only from the operator's Pods; the inference port stays open
-        policy = get(cluster, "networkpolicy", "-n", namespace, f"{full}-owner-control")["spec"]
-        assert policy["podSelector"] == {"matchLabels": {"resident.dev/component": "owner"}}
-        control, inference = policy["ingress"]
-        assert control["ports"] == [{"port": "control", "protocol": "TCP"}]
-        peer, = control["from"]
-        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-        assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
-        assert peer["podSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
-        assert inference == {"ports": [{"port": "http", "protocol": "TCP"}]}
+        # owners' control port: the operator creates a NetworkPolicy with each model, in the
+        # model's namespace (tests/cluster/test_operator_lifecycle.py); the chart tells it who
+        # it is (its namespace from the downward API, its Pod labels) and makes no policy itself
+        assert env["RESIDENT_OWNER_NETWORK_POLICY"] == "true"
+        selector_labels = deploy["spec"]["selector"]["matchLabels"]
+        assert env["RESIDENT_OPERATOR_POD_LABELS"] == ",".join(f"{k}={v}" for k, v in sorted(selector_labels.items()))
+        assert selector_labels.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+        assert not env["RESIDENT_OPERATOR_NAMESPACE_LABELS"]   # "": the API server drops the value
+        namespace_env, = (e for e in op["env"] if e["name"] == "RESIDENT_OPERATOR_NAMESPACE")
+        assert namespace_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+        assert items(cluster, "networkpolicies", selector, namespace) == []
+        from resident_operator.control_policy import operator_peer
+        from resident_operator.settings import settings_from_env
+        assert operator_peer(settings_from_env({**as_set(env), "RESIDENT_OPERATOR_NAMESPACE": namespace})) == {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "podSelector": {"matchLabels": selector_labels}}
         assert not any(r["resources"] == ["namespaces"] for r in get(
             cluster, "clusterrole", f"{full}-operator")["rules"])   # --all-namespaces needs none
 
@@ -250,7 +262,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert "--all-namespaces" not in op["args"]
         assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in get(
             cluster, "clusterrole", f"{full}-operator")["rules"]
-        assert items(cluster, "networkpolicies", selector, namespace) == []
+        assert env["RESIDENT_OWNER_NETWORK_POLICY"] == "false"
         assert {"--metrics-host=127.0.0.1", "--liveness=http://127.0.0.1:8080/healthz"} <= set(op["args"])
         assert op["livenessProbe"]["httpGet"]["host"] == "127.0.0.1" and "--verbose" in op["args"]
         bspec = get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")["spec"]["template"]["spec"]
@@ -287,6 +299,8 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
     ({"bridge": {"kubeletDir": "var/lib/kubelet"}}, "kubeletDir"),
     ({"operator": {"bindAddress": "localhost"}}, "bindAddress"),
     ({"bridge": {"gc": {"highWaterPercent": 150}}}, "highWaterPercent"),
+    # the chart's per-namespace policies are gone: the operator makes one per model
+    ({"operator": {"owner": {"networkPolicy": {"namespaces": ["team-a"]}}}}, "namespaces"),
 ])
 def test_bad_values_are_refused_before_anything_is_created(cluster, namespace, helm, values, complaint):
     release = f"bad-{uuid.uuid4().hex[:6]}"
@@ -326,12 +340,20 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
                                ("create", "bundledeliveries.resident.dev"), ("create", "events"),
                                ("list", "events"),   # kubelet's FailedMount on owner Pods
                                ("patch", "bundledeliveries.resident.dev"),   # a stuck finalizer
+                               ("get", "networkpolicies.networking.k8s.io"),   # one per model
+                               ("watch", "networkpolicies.networking.k8s.io"),
+                               ("create", "networkpolicies.networking.k8s.io"),
+                               ("patch", "networkpolicies.networking.k8s.io"),
+                               ("delete", "networkpolicies.networking.k8s.io"),
                                ("watch", "customresourcedefinitions.apiextensions.k8s.io")]:
             assert can("operator", verb, resource), (verb, resource)
         for verb, resource in [("update", "nodes"), ("get", "configmaps"), ("create", "deployments.apps"),
                                ("patch", "pods"),
                                ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "pods/exec"),
-                               ("patch", "bundledeliveries.resident.dev/status")]:
+                               ("patch", "bundledeliveries.resident.dev/status"),
+                               ("update", "networkpolicies.networking.k8s.io"),
+                               ("deletecollection", "networkpolicies.networking.k8s.io"),
+                               ("create", "ingresses.networking.k8s.io")]:
             assert not can("operator", verb, resource), (verb, resource)
         for verb, resource in [("get", "residentmodels.resident.dev"),
                                ("watch", "bundledeliveries.resident.dev"),
@@ -341,28 +363,33 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
             assert can("bridge", verb, resource), (verb, resource)
         for verb, resource in [("get", "secrets"), ("create", "pods"), ("list", "pods"), ("watch", "pods"), ("patch", "residentmodels.resident.dev"),
                                ("patch", "residentmodels.resident.dev/status"),
-                               ("create", "bundledeliveries.resident.dev"), ("get", "nodes")]:
+                               ("create", "bundledeliveries.resident.dev"), ("get", "nodes"),
+                               ("get", "networkpolicies.networking.k8s.io")]:
             assert not can("bridge", verb, resource), (verb, resource)
     finally:
         helm.uninstall(release)
 
 
-def test_owner_network_policies_go_to_every_listed_namespace(cluster, namespace, helm):
+def test_operator_namespace_labels_reach_the_operator(cluster, namespace, helm):
+    """operator.owner.networkPolicy.operatorNamespaceLabels (for clusters before 1.21, whose
+    Namespaces lack kubernetes.io/metadata.name) become the peer's namespace selector."""
     release = f"np-{uuid.uuid4().hex[:6]}"
     helm.install(release, {"crds": {"enabled": False}, "csiDriver": {"create": False},
                            "bridge": {"enabled": False},
                            "operator": {"owner": {"networkPolicy": {
-                               "namespaces": [namespace, "default"],
-                               "operatorNamespaceLabels": {"team": "platform"}}}}})
+                               "operatorNamespaceLabels": {"team": "platform", "tier": "infra"}}}}})
     try:
-        for ns in (namespace, "default"):
-            spec = get(cluster, "networkpolicy", "-n", ns, f"{release}-resident-owner-control")["spec"]
-            peer, = spec["ingress"][0]["from"]
-            assert peer["namespaceSelector"] == {"matchLabels": {"team": "platform"}}
-            assert spec["ingress"][0]["ports"] == [{"port": "control", "protocol": "TCP"}]
+        op = containers(get(cluster, "deployment", "-n", namespace,
+                            f"{release}-resident-operator")["spec"]["template"]["spec"])["operator"]
+        env = {e["name"]: e.get("value") for e in op["env"]}
+        assert env["RESIDENT_OPERATOR_NAMESPACE_LABELS"] == "team=platform,tier=infra"
+        from resident_operator.control_policy import operator_peer
+        from resident_operator.settings import settings_from_env
+        peer = operator_peer(settings_from_env({**as_set(env), "RESIDENT_OPERATOR_NAMESPACE": namespace}))
+        assert peer["namespaceSelector"] == {"matchLabels": {"team": "platform", "tier": "infra"}}
+        assert items(cluster, "networkpolicies", f"{INSTANCE}={release}", namespace) == []
     finally:
         helm.uninstall(release)
-    assert items(cluster, "networkpolicies", f"{INSTANCE}={release}", "default") == []
 
 
 def test_a_vendor_owner_image_replaces_the_project_image(cluster, namespace, helm):

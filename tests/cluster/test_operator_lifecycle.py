@@ -67,8 +67,8 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         def recorded():
             m = api.model("npu-lm")
             kids = {(c["kind"], c["name"]): c["uid"] for c in (m.get("status") or {}).get("children") or []}
-            return len(kids) == 5 and m
-        m = wait_for(recorded, what="five recorded children")
+            return len(kids) == 6 and m
+        m = wait_for(recorded, what="six recorded children")
         kids = {(c["kind"], c["name"]): c["uid"] for c in m["status"]["children"]}
         assert kids[("Pod", "npu-lm-owner-0")] == pods[0].metadata.uid
         assert kids[("Secret", "npu-lm-owner-token")] == secret.metadata.uid
@@ -82,6 +82,8 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
                                                       "poddisruptionbudgets", "npu-lm")
         assert kids[("PodDisruptionBudget", "npu-lm")] == pdb["metadata"]["uid"]
         assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": svc.spec.selector}}
+        policy = networking(api).read_namespaced_network_policy("npu-lm-owner-control", namespace)
+        assert kids[("NetworkPolicy", "npu-lm-owner-control")] == policy.metadata.uid
         m = wait_for(lambda: (api.model("npu-lm").get("status") or {}).get("ready") == "0/2"
                      and api.model("npu-lm"), what="status.ready 0/2")
         assert m["status"]["phase"] == "Pending" and m["status"]["observedGeneration"] == 1
@@ -110,6 +112,7 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         assert api.core.list_namespaced_service(namespace).items == []
         assert api.custom.list_namespaced_custom_object("policy", "v1beta1", namespace,
                                                         "poddisruptionbudgets")["items"] == []
+        assert networking(api).list_namespaced_network_policy(namespace).items == []
 
 
 def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(cluster, namespace, tiny):
@@ -148,6 +151,101 @@ def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(clust
         wait_for(lambda: budget().get("metadata", {}).get("uid") not in (None, old_budget)
                  and budget()["spec"].get("maxUnavailable") == 2, timeout=10,
                  what="the deleted budget re-created")
+
+
+def networking(api: Api) -> client.NetworkingV1Api:
+    return client.NetworkingV1Api(api.core.api_client)
+
+
+def control_policies(api: Api) -> list:
+    return [p for p in networking(api).list_namespaced_network_policy(api.ns).items
+            if not p.metadata.deletion_timestamp]
+
+
+def test_each_model_gets_a_network_policy_admitting_its_control_port_only_from_the_operator(
+        cluster, namespace, tiny, chart_accounts):
+    """In the model's own namespace, not the release's: the chart's operator Pods (by the
+    namespace and Pod labels its Deployment gives the operator) reach the control port,
+    anyone the inference port. Drift is put back, a deleted policy comes back, and it goes
+    with the model."""
+    assert namespace != chart_accounts.namespace
+    api = Api(cluster, namespace)
+    deploy = client.AppsV1Api(api.core.api_client).read_namespaced_deployment(
+        "accounts-resident-operator", chart_accounts.namespace)
+    with running_operator(namespace):
+        model = api.create_model("tiny", tiny)
+        uid = model["metadata"]["uid"]
+        pod = wait_for(lambda: owner_pods(api, "tiny"), what="owner Pod")[0]
+        policy = wait_for(lambda: control_policies(api), what="the NetworkPolicy")[0]
+        assert policy.metadata.name == "tiny-owner-control"
+        ref, = policy.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid, ref.controller) == ("ResidentModel", "tiny", uid, True)
+        svc = wait_for(lambda: api.core.list_namespaced_service(namespace).items, what="Service")[0]
+        spec = policy.spec
+        assert spec.pod_selector.match_labels == svc.spec.selector   # this model's owners only
+        assert spec.pod_selector.match_labels.items() <= pod.metadata.labels.items()
+        assert spec.policy_types == ["Ingress"]
+        control, inference = spec.ingress
+        assert [(p.port, p.protocol) for p in control.ports] == [("control", "TCP")]
+        peer, = control._from
+        assert peer.namespace_selector.match_labels == {"kubernetes.io/metadata.name": chart_accounts.namespace}
+        assert peer.pod_selector.match_labels == deploy.spec.selector.match_labels
+        assert peer.pod_selector.match_labels.items() <= deploy.spec.template.metadata.labels.items()
+        assert peer.ip_block is None
+        assert [(p.port, p.protocol) for p in inference.ports] == [("http", "TCP")]
+        assert inference._from is None                                  # every client
+        assert {p.name for p in pod.spec.containers[0].ports} == {"control", "http"}
+        wait_for(lambda: policy.metadata.uid in {c["uid"] for c in api.model("tiny")["status"]["children"]},
+                 what="the policy recorded")
+
+        # someone opens the control port to everyone: the policy's watch event puts it back
+        networking(api).patch_namespaced_network_policy("tiny-owner-control", namespace, [
+            {"op": "replace", "path": "/spec/ingress", "value": [{}]}])
+        wait_for(lambda: len(networking(api).read_namespaced_network_policy(
+            "tiny-owner-control", namespace).spec.ingress) == 2, timeout=10, what="the ingress rules put back")
+        assert networking(api).read_namespaced_network_policy(
+            "tiny-owner-control", namespace).spec.ingress[0]._from[0].pod_selector.match_labels == \
+            deploy.spec.selector.match_labels
+
+        # deleted: re-created under a new UID, which replaces the old record
+        networking(api).delete_namespaced_network_policy("tiny-owner-control", namespace)
+        again = wait_for(lambda: [p for p in control_policies(api) if p.metadata.uid != policy.metadata.uid],
+                         timeout=10, what="the policy re-created")[0]
+        wait_for(lambda: again.metadata.uid in {c["uid"] for c in api.model("tiny")["status"]["children"]},
+                 what="the new policy recorded")
+        assert policy.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
+        assert again.spec.pod_selector.match_labels == svc.spec.selector
+
+        api.delete_model("tiny")
+        wait_for(lambda: api.model("tiny") is None, what="the model (finalizer removed)")
+        assert networking(api).list_namespaced_network_policy(namespace).items == []
+
+
+def test_no_network_policy_while_the_setting_is_off_and_earlier_ones_go(cluster, namespace, tiny):
+    api = Api(cluster, namespace)
+
+    def checked(name):   # status.endpoint is written after every companion was checked
+        m = api.model(name)
+        return (m.get("status") or {}).get("endpoint") and m
+    with running_operator(namespace):   # on, as the chart installs it
+        api.create_model("before", tiny)
+        policy = wait_for(lambda: control_policies(api), what="the first model's NetworkPolicy")[0]
+        wait_for(lambda: policy.metadata.uid in {c["uid"] for c in api.model("before")["status"]["children"]},
+                 what="the policy recorded")
+    with running_operator(namespace, RESIDENT_OWNER_NETWORK_POLICY="false"):
+        # the earlier model's policy is deleted by UID and forgotten
+        wait_for(lambda: control_policies(api) == [], what="the earlier policy deleted")
+        wait_for(lambda: "NetworkPolicy" not in {c["kind"] for c in api.model("before")["status"]["children"]},
+                 what="its record forgotten")
+        # a new model gets its Service and budget but no policy
+        api.create_model("after", tiny)
+        m = wait_for(lambda: checked("after"), what="the new model's companions checked")
+        kinds = {c["kind"] for c in m["status"]["children"]}
+        assert {"Service", "PodDisruptionBudget"} <= kinds and "NetworkPolicy" not in kinds
+        assert control_policies(api) == []
+        api.delete_model("after")
+        api.delete_model("before")
+        wait_for(lambda: api.model("after") is None and api.model("before") is None, what="models gone")
 
 
 def test_kubectl_scale_changes_the_owners_and_the_scale_subresource_counts_them(cluster, namespace, tiny):

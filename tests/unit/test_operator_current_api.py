@@ -7,6 +7,7 @@ import kopf
 import pytest
 import kubernetes_validate
 
+from resident_operator.control_policy import build_control_policy
 from resident_operator.disruption import build_disruption_budget
 from resident_operator.placement import build_owner_pod, build_token_secret
 from resident_operator.serving import build_service
@@ -30,10 +31,13 @@ SPEC = parse_spec({
 
 
 def children() -> list[dict]:
-    settings = OperatorSettings(owner_image="resident-owner:1")
+    settings = OperatorSettings(owner_image="resident-owner:1", owner_network_policy=True,
+                                operator_namespace="resident-system",
+                                operator_pod_labels={"app.kubernetes.io/component": "operator"})
     objs = [build_owner_pod("tiny", "uid-1", SPEC, settings, 1, 0, DIGEST, "http://bundles:8000/tiny"),
             build_token_secret("tiny", "uid-1", "t0ken"), build_service("tiny", "uid-1", SPEC),
-            build_disruption_budget("tiny", "uid-1", SPEC, "policy/v1")]
+            build_disruption_budget("tiny", "uid-1", SPEC, "policy/v1"),
+            build_control_policy("tiny", "uid-1", settings)]
     for obj in objs:
         kopf.adopt(obj, owner=MODEL)
     return objs
