@@ -194,17 +194,6 @@ def condition(model: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return {}
 
 
-def wait_for(fn: Callable[[], Any], timeout: float = 30.0, what: str = "condition", every: float = 0.2):
-    """Poll ``fn`` until it returns something truthy; fail with the last value seen."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
-
-
 def verify_bundle_dir(path: Path, digest: str) -> None:
     """What the bridge checks before publishing: the manifest's digest and every file's sha256."""
     manifest = read_manifest(path)

@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installe
 
 from chart_accounts import container_env, service_account_token  # noqa: E402
 from charts.helmenv import CHART_DIR, Helm  # noqa: E402
+from polling import wait_for  # noqa: E402
 
 GROUP, VERSION = "resident.dev", "v1alpha1"
 RELEASE, NAMESPACE = "resident", "resident-system"
@@ -57,17 +57,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(what, check, timeout=45.0, proc=None):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"the operator exited ({proc.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.3)
+def alive(proc, check):
+    """``check``, failing at once when ``proc`` (the operator or the bridge) has exited."""
+    def probe():
+        if proc.poll() is not None:
+            pytest.fail(f"the process exited ({proc.returncode}) while the test waited")
+        return check()
+    return probe
 
 
 def get(cp, *args) -> dict:
@@ -105,7 +101,7 @@ def fresh():
         cp.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("create", "namespace", "models")
-        wait_for("the ServiceMonitor CRD", lambda: cp.kubectl("get", "servicemonitors", check=False).returncode == 0)
+        wait_for(lambda: cp.kubectl("get", "servicemonitors", check=False).returncode == 0, timeout=45, what="the ServiceMonitor CRD", every=0.3)
         ports = {"health": free_port(), "metrics": free_port(), "bridge": free_port()}
         f = Fresh(cp, Helm(cp.kubeconfig, NAMESPACE), ports)
         f.helm.install(RELEASE, {
@@ -168,7 +164,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 def test_chart_crds_are_served_and_service_monitors_select_metrics_services(fresh):
     cp = fresh.cp
     for name in CRDS:
-        wait_for(f"{name} Established", lambda: established(cp, name))
+        wait_for(lambda: established(cp, name), timeout=45, what=f"{name} Established", every=0.3)
         assert "helm.sh/resource-policy" not in get(cp, "crd", name)["metadata"].get("annotations", {})
     services = {s["metadata"]["name"]: s for s in labelled(cp, "services", NAMESPACE)}
     monitors = labelled(cp, "servicemonitors", NAMESPACE)
@@ -190,7 +186,7 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     proc = processes.start(["resident", *args], clean_env(**env, KUBECONFIG=kubeconfig),
                            tmp_path / "operator.log")
     # kopf's liveness endpoint, as the chart's liveness probe calls it
-    wait_for("kopf's /healthz", lambda: _ok(f"http://127.0.0.1:{fresh.ports['health']}/healthz"), proc=proc)
+    wait_for(alive(proc, lambda: _ok(f"http://127.0.0.1:{fresh.ports['health']}/healthz")), timeout=45, what="kopf's /healthz", every=0.3)
 
     # a first ResidentModel: the README's example, served by `resident bundle serve-demo`
     # (on a free port here; the model it prints is the example with that port)
@@ -206,8 +202,7 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
         m = custom.get_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
         kinds = sorted(c["kind"] for c in (m.get("status") or {}).get("children") or [])
         return kinds == ["NetworkPolicy", "Pod", "PodDisruptionBudget", "Secret", "Service"] and m
-    m = wait_for("the owner Pod, token Secret, Service, budget and policy in status.children", recorded,
-                 proc=proc)
+    m = wait_for(alive(proc, recorded), timeout=45, what="the owner Pod, token Secret, Service, budget and policy in status.children", every=0.3)
     assert "resident.dev/cleanup" in m["metadata"]["finalizers"]
     assert core.read_namespaced_secret(f"{name}-owner-token", "models").data["token"]
     pod = core.read_namespaced_pod(f"{name}-owner-0", "models")
@@ -224,7 +219,7 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
 
     # deletion: the operator deletes the children by UID and releases its finalizer
     custom.delete_namespaced_custom_object(GROUP, VERSION, "models", "residentmodels", name)
-    wait_for("the model to be gone", lambda: _gone(custom, "models", "residentmodels", name), proc=proc)
+    wait_for(alive(proc, lambda: _gone(custom, "models", "residentmodels", name)), timeout=45, what="the model to be gone", every=0.3)
     assert core.list_namespaced_pod("models", label_selector=f"resident.dev/model={name}").items == []
     assert core.list_namespaced_secret("models", label_selector=f"resident.dev/model={name}").items == []
     assert core.list_namespaced_service("models", label_selector=f"resident.dev/model={name}").items == []
@@ -274,8 +269,8 @@ def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
         proc = processes.start([*c.command, *args], clean_env(KUBECONFIG=kubeconfig),
                                scratch / "bridge.log", group=group)
         socket_path = scratch / "csi" / "csi.sock"
-        wait_for("the CSI socket", socket_path.exists, proc=proc)
-        wait_for("the registration socket", lambda: any((scratch / "registration").glob("*-reg.sock")), proc=proc)
+        wait_for(alive(proc, socket_path.exists), timeout=45, what="the CSI socket", every=0.3)
+        wait_for(alive(proc, lambda: any((scratch / "registration").glob("*-reg.sock"))), timeout=45, what="the registration socket", every=0.3)
         # the non-root livenessprobe sidecar (its uid, the socket group) may connect; others may not
         sidecar_uid = sidecar.security_context.run_as_user
         assert sidecar.security_context.run_as_group == group
@@ -294,12 +289,11 @@ def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
         def answered():
             d = custom.get_namespaced_custom_object(GROUP, VERSION, "models", "bundledeliveries", "d1")
             return (d.get("status") or {}).get("phase") and d
-        d = wait_for("the bridge to answer the delivery", answered, proc=proc)
+        d = wait_for(alive(proc, answered), timeout=45, what="the bridge to answer the delivery", every=0.3)
         assert "bundles.resident.dev/lease" in d["metadata"]["finalizers"]
         assert d["status"]["phase"] in ("Pending", "Failed")  # no volume of that Pod on this node
         custom.delete_namespaced_custom_object(GROUP, VERSION, "models", "bundledeliveries", "d1")
-        wait_for("the bridge to release the delivery",
-                 lambda: _gone(custom, "models", "bundledeliveries", "d1"), proc=proc)
+        wait_for(alive(proc, lambda: _gone(custom, "models", "bundledeliveries", "d1")), timeout=45, what="the bridge to release the delivery", every=0.3)
     finally:
         for p in processes.started:
             p.terminate()
@@ -327,12 +321,12 @@ def test_uninstall_leaves_nothing_when_crds_are_not_kept(fresh):
     cp = fresh.cp
     fresh.helm.uninstall(RELEASE)
     fresh.installed = False
-    wait_for("the chart's CRDs to be deleted", lambda: [
-        c["metadata"]["name"] for c in get(cp, "crd")["items"]] == [SERVICE_MONITOR_CRD["metadata"]["name"]])
+    wait_for(lambda: [
+        c["metadata"]["name"] for c in get(cp, "crd")["items"]] == [SERVICE_MONITOR_CRD["metadata"]["name"]], timeout=45, what="the chart's CRDs to be deleted", every=0.3)
     assert labelled(cp, "clusterroles,clusterrolebindings,csidrivers") == []
-    wait_for("the release's namespaced objects to be gone", lambda: labelled(
+    wait_for(lambda: labelled(
         cp, "deployments,daemonsets,replicasets,pods,services,serviceaccounts,servicemonitors",
-        NAMESPACE) == [])
+        NAMESPACE) == [], timeout=45, what="the release's namespaced objects to be gone", every=0.3)
     assert get(cp, "secrets", "-n", NAMESPACE, "-l", f"owner=helm,name={RELEASE}")["items"] == []
 
 

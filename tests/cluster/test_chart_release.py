@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +21,7 @@ if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installe
     sys.path.insert(0, str(REPO))
 
 from charts.helmenv import CHART_DIR, Helm, HelmFailed  # noqa: E402
+from polling import wait_for  # noqa: E402
 
 INSTANCE = "app.kubernetes.io/instance"
 CRDS = ("residentmodels.resident.dev", "bundledeliveries.resident.dev")
@@ -36,17 +36,6 @@ def get(cluster, *args) -> dict:
 def items(cluster, kinds: str, selector: str, namespace: str | None = None) -> list[dict]:
     scope = ["-n", namespace] if namespace else []
     return get(cluster, kinds, *scope, "-l", selector)["items"]
-
-
-def wait_for(what, check, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.3)
 
 
 def as_set(env: dict) -> dict[str, str]:
@@ -163,7 +152,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert_restricted(pod_spec, op)
         assert pod_spec["serviceAccountName"] == f"{full}-operator"
         # the controller-manager made the Pod from the template and the API server admitted it
-        pods = wait_for("the operator Pod", lambda: items(cluster, "pods", selector, namespace))
+        pods = wait_for(lambda: items(cluster, "pods", selector, namespace), what="the operator Pod", every=0.3)
         assert_restricted(pods[0]["spec"], containers(pods[0]["spec"])["operator"])
 
         # -- bridge: privileged plugin, Bidirectional, sidecars, hostPaths ------------------
@@ -285,8 +274,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
     # -- uninstall: nothing left but the kept CRDs ----------------------------------------
     assert uninstalled is not None
     assert items(cluster, CLUSTER_KINDS, selector) == []
-    wait_for("the release's Pods and ReplicaSets to be collected",
-             lambda: items(cluster, NAMESPACED_KINDS, selector, namespace) == [])
+    wait_for(lambda: items(cluster, NAMESPACED_KINDS, selector, namespace) == [], what="the release's Pods and ReplicaSets to be collected", every=0.3)
     assert items(cluster, "secrets", f"owner=helm,name={release}", namespace) == []
     for name in CRDS:
         assert get(cluster, "crd", name)["metadata"]["name"] == name
@@ -419,7 +407,7 @@ def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):
         # There is no kubelet: this test plays the node by creating its Node object only.
         cluster.kubectl("create", "-f", "-", input=json.dumps(
             {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
-        pods = wait_for("the bridge Pod", lambda: items(cluster, "pods", f"{INSTANCE}={release}", namespace))
+        pods = wait_for(lambda: items(cluster, "pods", f"{INSTANCE}={release}", namespace), what="the bridge Pod", every=0.3)
         spec = pods[0]["spec"]
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
@@ -432,5 +420,4 @@ def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):
     finally:
         cluster.kubectl("delete", "node", node, "--ignore-not-found")
         helm.uninstall(release)
-    wait_for("the bridge Pod to be collected",
-             lambda: items(cluster, "pods,daemonsets", f"{INSTANCE}={release}", namespace) == [])
+    wait_for(lambda: items(cluster, "pods,daemonsets", f"{INSTANCE}={release}", namespace) == [], what="the bridge Pod to be collected", every=0.3)

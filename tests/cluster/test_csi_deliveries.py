@@ -29,6 +29,7 @@ from csi_bridge import faults, mountinfo
 from csi_bridge.deliveries import FINALIZER
 from csi_bridge.server import Bridge, BridgeConfig
 from csi_bridge.testing import BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
+from polling import wait_for
 
 G, V = "resident.dev", "v1alpha1"
 WEIGHTS = os.urandom(512 * 1024)
@@ -88,16 +89,6 @@ def delivery(w, name="d1", path="GraphOnly", source=None, digest=None, **spec):
         "spec": {"nodeName": "node-a", "podName": "owner-0", "podUID": w.pod.metadata.uid,
                  "model": "m", "bundle": {"source": source, "digest": digest},
                  "path": path, **spec}})
-
-
-def wait_for(fn, timeout=40.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def get_delivery(w, name="d1"):

@@ -12,7 +12,8 @@ import time
 from localcluster.processes import free_port
 from resident_operator.metrics import REGISTRY
 
-from conftest_operator import Api, PlayedNode, Supervised, running_operator, wait_for
+from conftest_operator import Api, PlayedNode, Supervised, running_operator
+from polling import wait_for
 from test_operator_transitions import (bundles, deliveries, last_result, ready_on,  # noqa: F401
                                        spec_for, status)
 

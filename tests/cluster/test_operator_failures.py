@@ -31,7 +31,8 @@ from bundle.sources.httpserve import BundleServer
 from localcluster.processes import free_port
 from resident_operator.metrics import REGISTRY
 
-from conftest_operator import LEASE_FINALIZER, Api, PlayedNode, condition, running_operator, wait_for
+from conftest_operator import LEASE_FINALIZER, Api, PlayedNode, condition, running_operator
+from polling import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from bundle.demo import make_demo
-from conftest_operator import Api, condition, running_operator, wait_for
+from conftest_operator import Api, condition, running_operator
+from polling import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import time
 from bundle.demo import make_demo
 from localcluster.processes import free_port
 
-from conftest_operator import Api, PlayedNode, running_operator, wait_for
+from conftest_operator import Api, PlayedNode, running_operator
+from polling import wait_for
 
 TEMPLATE = "resident.dev/pod-template-hash"
 TAINT = "resident.dev/played-for-template-roll"

@@ -23,7 +23,8 @@ from owner.backends.cpu import CpuBackend
 from resident_operator.metrics import REGISTRY
 from bundle.jsonlog import JSONLineFormatter
 
-from conftest_operator import Api, PlayedNode, condition, operator_process, running_operator, wait_for
+from conftest_operator import Api, PlayedNode, condition, operator_process, running_operator
+from polling import wait_for
 from fault_backends import FaultyWriteCpuBackend
 
 SIZE, CHUNK = 256 * 1024, 64 * 1024

@@ -14,13 +14,12 @@ device manager hands out no device for a resource no plugin registered, so the P
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
 
 import pytest
 from kubernetes import client
 
 from localcluster.scenario import Story, model_body
+from polling import wait_for
 
 CARD = "furiosa.ai/rngd"
 CARD_PATH = CARD.replace("/", "~1")          # JSON Pointer escaping of the "/"
@@ -53,17 +52,6 @@ def two_cards(world):
         assert CARD not in (status.capacity or {}) and CARD not in (status.allocatable or {})
 
 
-def until(what: str, probe: Callable[[], Any], timeout: float = 180.0) -> Any:
-    """``probe()`` once it is truthy; fail with its last value after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not {what} after {timeout:.0f}s: {got!r}"
-        time.sleep(1)
-
-
 def owner_pods(story: Story) -> list:
     return story.core.list_namespaced_pod(story.namespace, label_selector=f"resident.dev/model={story.name}").items
 
@@ -92,7 +80,7 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
         bound = [p for p in pods if p.spec.node_name == node]
         waiting = [p for p in pods if INSUFFICIENT in unschedulable(p)]
         return (bound, waiting) if len(pods) == 3 and len(bound) == 2 and len(waiting) == 1 else None
-    bound, (waiting,) = until("2 owners bound and 1 unschedulable", placed)
+    bound, (waiting,) = wait_for(placed, timeout=180, what="2 owners bound and 1 unschedulable", every=1)
     for p in bound:
         limits = p.spec.containers[0].resources.limits
         assert limits[CARD] == "1" and p.spec.containers[0].resources.requests[CARD] == "1"
@@ -122,7 +110,7 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
                 if s.state.waiting and s.state.waiting.reason == "CrashLoopBackOff"
                 and s.last_state.terminated
                 and (s.last_state.terminated.message or "").startswith("BackendUnavailable: ")]
-    until("an owner in CrashLoopBackOff", backing_off)
+    wait_for(backing_off, timeout=180, what="an owner in CrashLoopBackOff", every=1)
     rm = story.get()
     assert rm["status"]["phase"] == "Degraded" and condition(rm, "Degraded")["reason"] == "BackendUnavailable"
     row = world.cluster.kubectl("get", "residentmodels", "-n", story.namespace, "--no-headers").stdout.split()
@@ -132,5 +120,5 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
     assert "BackendUnavailable" in warnings
 
     story.delete_and_wait_gone()
-    until("every child gone", lambda: not any(story.leftovers()[k] for k in ("pods", "bundleDeliveries", "services"))
-          or None, timeout=90)
+    wait_for(lambda: not any(story.leftovers()[k] for k in ("pods", "bundleDeliveries", "services"))
+          or None, timeout=90, what="every child gone", every=1)

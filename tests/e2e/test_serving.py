@@ -15,16 +15,7 @@ import time
 import openai
 
 from localcluster.traffic import ClosedLoop, EndpointsFollower
-
-
-def _wait(what: str, probe, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.1)
+from polling import wait_for
 
 
 def test_openai_client_completes_through_the_service_and_endpoints_follow_readiness(world):
@@ -33,7 +24,7 @@ def test_openai_client_completes_through_the_service_and_endpoints_follow_readin
     assert rm["status"]["endpoint"] == "http://story.e2e-serve.svc:8000"
     with EndpointsFollower(story.core, story.namespace, "story") as endpoints:
         # host networking: slot k listens on 8000+k, and both are in the Endpoints
-        addresses = _wait("two ready endpoints", lambda: len(endpoints.addresses) == 2 and endpoints.addresses)
+        addresses = wait_for(lambda: len(endpoints.addresses) == 2 and endpoints.addresses, timeout=120, what="two ready endpoints", every=0.1)
         assert sorted(a.rsplit(":", 1)[1] for a in addresses) == ["8000", "8001"]
         for address in addresses:
             api = openai.OpenAI(base_url=f"http://{address}/v1", api_key="unused", max_retries=0)
@@ -43,8 +34,7 @@ def test_openai_client_completes_through_the_service_and_endpoints_follow_readin
         # an owner that goes away leaves the Endpoints
         pod = story.core.list_namespaced_pod(story.namespace, label_selector="resident.dev/slot=1").items[0]
         story.core.delete_namespaced_pod(pod.metadata.name, story.namespace)
-        _wait("the deleted owner out of the Endpoints",
-              lambda: all(not a.endswith(":8001") for a in endpoints.addresses), timeout=30)
+        wait_for(lambda: all(not a.endswith(":8001") for a in endpoints.addresses), timeout=30, what="the deleted owner out of the Endpoints", every=0.1)
     story.delete_and_wait_gone()
     assert story.core.list_namespaced_service(story.namespace).items == []
 
@@ -54,7 +44,7 @@ def test_in_place_switch_under_load_fails_no_request_and_revision_follows_status
     story = world.ready("e2e-serve-in-place", old)
     with EndpointsFollower(story.core, story.namespace, "story") as endpoints, \
             ClosedLoop(endpoints.pick, "story", clients=4) as load:
-        _wait("answers on the old revision", lambda: len(load.between(0, time.monotonic())) > 20)
+        wait_for(lambda: len(load.between(0, time.monotonic())) > 20, timeout=120, what="answers on the old revision", every=0.1)
         t_patch = time.monotonic()
         story.patch_spec({"bundle": {"source": world.server.url, "digest": new}})
         rm = story.wait_ready(new)
@@ -77,7 +67,7 @@ def test_reload_of_two_replicas_drains_each_owner_and_fails_no_request(world):
     old, new = world.revs.a, world.fresh_revision("a", "rows", seed=62)
     story = world.ready("e2e-serve-reload", old, replicas=2)
     with EndpointsFollower(story.core, story.namespace, "story") as endpoints:
-        _wait("two ready endpoints", lambda: len(endpoints.addresses) == 2)
+        wait_for(lambda: len(endpoints.addresses) == 2, timeout=120, what="two ready endpoints", every=0.1)
         with ClosedLoop(endpoints.pick, "story", clients=4) as load:
             seen = []
             story.patch_spec({"bundle": {"source": world.server.url, "digest": new},
@@ -101,7 +91,7 @@ def test_reload_of_one_replica_answers_503_with_retry_after_never_a_reset(world)
     story = world.ready("e2e-serve-solo", old)
     target = "127.0.0.1:8000"         # the one owner (slot 0, host network)
     with ClosedLoop(lambda: target, "story", clients=4) as load:
-        _wait("answers on A", lambda: len(load.between(0, time.monotonic())) > 20)
+        wait_for(lambda: len(load.between(0, time.monotonic())) > 20, timeout=120, what="answers on A", every=0.1)
         story.transition({"bundle": {"source": world.server.url, "digest": new},
                           "transition": {"strategy": "Reload"}})
         time.sleep(0.5)

@@ -16,6 +16,7 @@ from kubernetes import client
 
 from bundle.scan import read_manifest
 from localcluster.scenario import Story, model_body, node_state, whole_bundle_reload
+from polling import wait_for
 
 SIZE = 16 * 2**20   # the demo bundles' size (conftest.py)
 
@@ -179,13 +180,6 @@ def _owner_pids() -> list[int]:
     return pids
 
 
-def _wait_until(what: str, probe, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.1)
-
-
 def _settled(rm: dict) -> bool:
     status = rm.get("status", {})
     return not status.get("transition") and status.get("phase") in ("Ready", "Degraded")
@@ -215,8 +209,8 @@ def test_bridge_pod_deleted_mid_stage_keeps_leases_and_mounts(world):
     cluster, server, revs, installation, _ = world
     story = world.ready("e2e-bridge-kill", revs.c)
     story.patch_spec(whole_bundle_reload(server.url, revs.d))
-    _wait_until("a BundleDelivery exists", lambda: story.custom.list_namespaced_custom_object(
-        "resident.dev", "v1alpha1", story.namespace, "bundledeliveries")["items"])
+    wait_for(lambda: story.custom.list_namespaced_custom_object(
+        "resident.dev", "v1alpha1", story.namespace, "bundledeliveries")["items"], what="a BundleDelivery exists", every=0.1)
     bridges = story.core.list_namespaced_pod(installation.namespace,
                                              label_selector="app.kubernetes.io/component=bridge").items
     assert len(bridges) == 1
@@ -237,8 +231,8 @@ def test_bridge_pod_deleted_mid_publish_the_owner_still_starts(world):
     cluster, server, revs, installation, _ = world
     story = world.story("e2e-bridge-publish")
     story.apply(model_body(story.name, server.url, revs.a))
-    _wait_until("an owner Pod exists", lambda: story.core.list_namespaced_pod(
-        story.namespace, label_selector=f"resident.dev/model={story.name}").items)
+    wait_for(lambda: story.core.list_namespaced_pod(
+        story.namespace, label_selector=f"resident.dev/model={story.name}").items, what="an owner Pod exists", every=0.1)
     bridges = story.core.list_namespaced_pod(installation.namespace,
                                              label_selector="app.kubernetes.io/component=bridge").items
     story.core.delete_namespaced_pod(bridges[0].metadata.name, installation.namespace, grace_period_seconds=0)
