@@ -197,6 +197,14 @@ class Story:
         answer.raise_for_status()
         return addresses[0], answer.json()
 
+    # -- what kubelet says -----------------------------------------------------------
+    def failed_mounts(self, pod: str | None = None) -> list[client.CoreV1Event]:
+        """kubelet's FailedMount Events on Pods of the model's namespace (on ``pod`` if named):
+        each message carries the bridge's answer (CSI code and text); ``count`` says how often."""
+        return [e for e in self.core.list_namespaced_event(self.namespace).items
+                if e.reason == "FailedMount" and e.involved_object.kind == "Pod"
+                and pod in (None, e.involved_object.name)]
+
     # -- cleanup ---------------------------------------------------------------------
     def delete_and_wait_gone(self, timeout: float = 180.0) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, "residentmodels", self.name)

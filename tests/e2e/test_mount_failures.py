@@ -17,8 +17,7 @@ SIZE = 1 << 20
 
 
 def failed_mounts(story: Story) -> list[str]:
-    return [e.message for e in story.core.list_namespaced_event(story.namespace).items
-            if e.reason == "FailedMount" and e.involved_object.kind == "Pod"]
+    return [e.message for e in story.failed_mounts()]
 
 
 def test_a_404_at_the_source_shows_in_the_pods_failed_mount_and_the_mount_recovers(tmp_path):
