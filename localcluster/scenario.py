@@ -174,6 +174,11 @@ class Story:
         return last
 
     # -- the owner -------------------------------------------------------------------
+    def owner_pods(self) -> list[client.V1Pod]:
+        """The model's owner Pods, by the label the operator gives them."""
+        return self.core.list_namespaced_pod(self.namespace,
+                                             label_selector=f"resident.dev/model={self.name}").items
+
     def token(self) -> str:
         secret = self.core.read_namespaced_secret(f"{self.name}-owner-token", self.namespace)
         return b64decode(secret.data["token"]).decode()
@@ -230,6 +235,11 @@ class Story:
             self.namespace, label_selector=selector).items]
         return {"pods": pods, "bundleDeliveries": deliveries, "services": services,
                 **node_state(self.bridge_root)}
+
+
+def condition(rm: dict, type_: str) -> dict:
+    """The model's status condition of ``type_``; empty while it has none."""
+    return next((c for c in rm.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 def node_state(root: Path) -> dict[str, list]:

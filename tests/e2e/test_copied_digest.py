@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 from localcluster.install import install
 from localcluster.kubelet import ROOT_DIR
 from localcluster.node import LocalCluster
-from localcluster.scenario import BundleServer, Story, make_bundles, model_body, node_state
+from localcluster.scenario import BundleServer, Story, condition, make_bundles, model_body, node_state
 
 from machine_state import mounts_below
 
@@ -36,21 +36,13 @@ def tenant(cluster, installation, namespace: str, model: str) -> Story:
     return Story(cluster, namespace, model, installation.bridge_root)
 
 
-def condition(rm: dict, type_: str) -> dict:
-    return next((c for c in rm.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
-
-
-def owner_pods(story: Story) -> list[client.V1Pod]:
-    return story.core.list_namespaced_pod(story.namespace,
-                                          label_selector=f"resident.dev/model={story.name}").items
-
-
-def copied_volume_pod(owner: client.V1Pod, source: str, model: str) -> dict:
-    """A Pod of tenant B's own making: the CSI volume of tenant A's owner Pod, with B's source
-    and B's model in its attributes; it would read the bundle if the volume were mounted."""
+def copied_volume_pod(story: Story, owner: client.V1Pod, source: str) -> dict:
+    """A Pod of ``story``'s tenant, made without the operator: the CSI volume of another
+    tenant's ``owner`` Pod, with ``source`` and the story's model in its attributes. Its
+    container lists the bundle, which it could read if the volume were mounted."""
     volume = next(v for v in owner.spec.volumes if v.csi is not None)
-    csi = client.ApiClient().sanitize_for_serialization(volume.csi)
-    csi["volumeAttributes"] = {**csi["volumeAttributes"], "source": source, "model": model}
+    csi = story.core.api_client.sanitize_for_serialization(volume.csi)
+    csi["volumeAttributes"] = {**csi["volumeAttributes"], "source": source, "model": story.name}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "copied-digest"},
             "spec": {"hostNetwork": True, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                      "automountServiceAccountToken": False, "enableServiceLinks": False,
@@ -72,7 +64,7 @@ def test_a_copied_digest_with_a_bogus_source_is_refused_and_mounts_nothing(tmp_p
         a = tenant(cluster, installation, TENANT_A, "model")
         a.apply(model_body(a.name, server.url, revs.a))
         a.wait_ready(revs.a)
-        owner = owner_pods(a)[0]
+        owner = a.owner_pods()[0]
         ready_since = condition(a.get(), "Ready")["lastTransitionTime"]
         leases = node_state(installation.bridge_root)["leases"]
         assert [d for _, d in leases] == [revs.a]  # the store holds A, leased by A's volume
@@ -81,13 +73,13 @@ def test_a_copied_digest_with_a_bogus_source_is_refused_and_mounts_nothing(tmp_p
             rm = a.get()
             assert rm["status"]["phase"] == "Ready" and rm["status"]["identity"]["bundle"] == revs.a
             assert condition(rm, "Ready")["lastTransitionTime"] == ready_since, rm["status"]["conditions"]
-            assert [p.metadata.uid for p in owner_pods(a)] == [owner.metadata.uid]
+            assert [p.metadata.uid for p in a.owner_pods()] == [owner.metadata.uid]
             _, answer = a.complete("Resident keeps", max_tokens=4)
             assert answer["system_fingerprint"] == revs.a
 
         def b_never_ready(rm: dict) -> None:
             assert rm["status"].get("phase") != "Ready" and condition(rm, "Ready").get("status") != "True"
-            assert not rm["status"].get("owners") and owner_pods(b) == []
+            assert not rm["status"].get("owners") and b.owner_pods() == []
 
         # 1. through the operator: the first-placement source check refuses, no owner Pod
         b = tenant(cluster, installation, TENANT_B, "copied")
@@ -101,7 +93,7 @@ def test_a_copied_digest_with_a_bogus_source_is_refused_and_mounts_nothing(tmp_p
         a_serves_on_a()
 
         # 2. around the operator: A's volume, B's source, in a Pod of B's own
-        b.core.create_namespaced_pod(TENANT_B, copied_volume_pod(owner, elsewhere.url, b.name))
+        b.core.create_namespaced_pod(TENANT_B, copied_volume_pod(b, owner, elsewhere.url))
         deadline = time.monotonic() + 60
         while not (refused := [e for e in b.failed_mounts("copied-digest") if "PermissionDenied" in e.message]):
             assert time.monotonic() < deadline, [e.message for e in b.failed_mounts("copied-digest")]

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import pytest
 from kubernetes import client
 
-from localcluster.scenario import Story, model_body
+from localcluster.scenario import condition, model_body
 
 CARD = "furiosa.ai/rngd"
 CARD_PATH = CARD.replace("/", "~1")          # JSON Pointer escaping of the "/"
@@ -64,17 +64,9 @@ def until(what: str, probe: Callable[[], Any], timeout: float = 180.0) -> Any:
         time.sleep(1)
 
 
-def owner_pods(story: Story) -> list:
-    return story.core.list_namespaced_pod(story.namespace, label_selector=f"resident.dev/model={story.name}").items
-
-
 def unschedulable(pod) -> str:
     cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
     return cond.message if cond and cond.status == "False" and cond.reason == "Unschedulable" else ""
-
-
-def condition(rm: dict, type_: str) -> dict:
-    return next(c for c in rm["status"]["conditions"] if c["type"] == type_)
 
 
 def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades(world, two_cards):
@@ -88,7 +80,7 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
 
     # the scheduler: two owners bound to the node, one card each; the third Pending
     def placed():
-        pods = owner_pods(story)
+        pods = story.owner_pods()
         bound = [p for p in pods if p.spec.node_name == node]
         waiting = [p for p in pods if INSUFFICIENT in unschedulable(p)]
         return (bound, waiting) if len(pods) == 3 and len(bound) == 2 and len(waiting) == 1 else None
@@ -117,7 +109,7 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
 
     # kubelet backs the failing owners off; the model still says why, not "Loading"
     def backing_off():
-        pods = [p for p in owner_pods(story) if p.spec.node_name == node]
+        pods = [p for p in story.owner_pods() if p.spec.node_name == node]
         return [p for p in pods for s in p.status.container_statuses or []
                 if s.state.waiting and s.state.waiting.reason == "CrashLoopBackOff"
                 and s.last_state.terminated
