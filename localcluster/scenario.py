@@ -174,6 +174,11 @@ class Story:
         return last
 
     # -- the owner -------------------------------------------------------------------
+    def owner_pods(self) -> list[client.V1Pod]:
+        """The model's owner Pods, by the label the operator gives them."""
+        return self.core.list_namespaced_pod(self.namespace,
+                                             label_selector=f"resident.dev/model={self.name}").items
+
     def token(self) -> str:
         secret = self.core.read_namespaced_secret(f"{self.name}-owner-token", self.namespace)
         return b64decode(secret.data["token"]).decode()
@@ -196,6 +201,14 @@ class Story:
                                json={"model": self.name, "prompt": prompt, "max_tokens": max_tokens})
         answer.raise_for_status()
         return addresses[0], answer.json()
+
+    # -- what kubelet says -----------------------------------------------------------
+    def failed_mounts(self, pod: str | None = None) -> list[client.CoreV1Event]:
+        """kubelet's FailedMount Events on Pods of the model's namespace (on ``pod`` if named):
+        each message carries the bridge's answer (CSI code and text); ``count`` says how often."""
+        return [e for e in self.core.list_namespaced_event(self.namespace).items
+                if e.reason == "FailedMount" and e.involved_object.kind == "Pod"
+                and pod in (None, e.involved_object.name)]
 
     # -- cleanup ---------------------------------------------------------------------
     def delete_and_wait_gone(self, timeout: float = 180.0) -> None:
@@ -222,6 +235,11 @@ class Story:
             self.namespace, label_selector=selector).items]
         return {"pods": pods, "bundleDeliveries": deliveries, "services": services,
                 **node_state(self.bridge_root)}
+
+
+def condition(rm: dict, type_: str) -> dict:
+    """The model's status condition of ``type_``; empty while it has none."""
+    return next((c for c in rm.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 def node_state(root: Path) -> dict[str, list]:

@@ -9,22 +9,12 @@ one of its files is removed: the bridge's fetch gets HTTP 404 for it.
 
 from __future__ import annotations
 
-import time
-
 from localcluster.install import install
 from localcluster.node import LocalCluster
-from localcluster.scenario import BundleServer, Story, make_bundles, model_body
+from localcluster.scenario import BundleServer, Story, condition, make_bundles, model_body
+from polling import wait_for
 
 SIZE = 1 << 20
-
-
-def failed_mounts(story: Story) -> list[str]:
-    return [e.message for e in story.core.list_namespaced_event(story.namespace).items
-            if e.reason == "FailedMount" and e.involved_object.kind == "Pod"]
-
-
-def model_conditions(story: Story) -> dict[str, dict]:
-    return {c["type"]: c for c in (story.get().get("status") or {}).get("conditions") or []}
 
 
 def test_a_404_at_the_source_shows_in_the_pods_failed_mount_and_the_mount_recovers(tmp_path):
@@ -39,20 +29,18 @@ def test_a_404_at_the_source_shows_in_the_pods_failed_mount_and_the_mount_recove
         cluster.wait_for_service_account("e2e-mount-failures")
         story = Story(cluster, "e2e-mount-failures", "broken", installation.bridge_root)
         story.apply(model_body(story.name, server.url, revs.a))
-        deadline = time.monotonic() + 180
-        while not (messages := [m for m in failed_mounts(story) if "HTTP 404" in m]):
-            assert time.monotonic() < deadline, failed_mounts(story)
-            time.sleep(1)
+        messages = wait_for(lambda: [e.message for e in story.failed_mounts() if "HTTP 404" in e.message],
+                            timeout=180, what="kubelet's FailedMount naming the 404", every=1)
         assert f"delivering {revs.a} from {server.url}" in messages[0]
         assert missing.name in messages[0]     # the URL of the missing file
         assert "Unavailable" in messages[0]    # the CSI code, as kubelet prints it
-        while (conds := model_conditions(story)).get("Degraded", {}).get("reason") != "DeliveryFailed":
-            assert time.monotonic() < deadline, conds
-            time.sleep(1)
-        assert "HTTP 404" in conds["Degraded"]["message"] and missing.name in conds["Degraded"]["message"]
-        assert (conds["Delivered"]["status"], conds["Delivered"]["reason"]) == ("False", "MountFailed")
-        assert story.get()["status"].get("phase") == "Degraded"
+        rm = story.wait("Degraded for its delivery",
+                        lambda rm: condition(rm, "Degraded").get("reason") == "DeliveryFailed", timeout=30)
+        degraded, delivered = condition(rm, "Degraded"), condition(rm, "Delivered")
+        assert "HTTP 404" in degraded["message"] and missing.name in degraded["message"]
+        assert (delivered["status"], delivered["reason"]) == ("False", "MountFailed")
+        assert rm["status"]["phase"] == "Degraded"
         server.push(dirs["a"])                 # the file is back: kubelet's retry mounts it
-        story.wait_ready(revs.a)
-        assert model_conditions(story)["Degraded"]["status"] == "False"
+        rm = story.wait_ready(revs.a)
+        assert condition(rm, "Degraded")["status"] == "False"
         story.delete_and_wait_gone()

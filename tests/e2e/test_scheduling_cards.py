@@ -14,11 +14,10 @@ device manager hands out no device for a resource no plugin registered, so the P
 
 from __future__ import annotations
 
-
 import pytest
 from kubernetes import client
 
-from localcluster.scenario import Story, model_body
+from localcluster.scenario import condition, model_body
 from polling import wait_for
 
 CARD = "furiosa.ai/rngd"
@@ -52,17 +51,11 @@ def two_cards(world):
         assert CARD not in (status.capacity or {}) and CARD not in (status.allocatable or {})
 
 
-def owner_pods(story: Story) -> list:
-    return story.core.list_namespaced_pod(story.namespace, label_selector=f"resident.dev/model={story.name}").items
 
 
 def unschedulable(pod) -> str:
     cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
     return cond.message if cond and cond.status == "False" and cond.reason == "Unschedulable" else ""
-
-
-def condition(rm: dict, type_: str) -> dict:
-    return next(c for c in rm["status"]["conditions"] if c["type"] == type_)
 
 
 def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades(world, two_cards):
@@ -76,7 +69,7 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
 
     # the scheduler: two owners bound to the node, one card each; the third Pending
     def placed():
-        pods = owner_pods(story)
+        pods = story.owner_pods()
         bound = [p for p in pods if p.spec.node_name == node]
         waiting = [p for p in pods if INSUFFICIENT in unschedulable(p)]
         return (bound, waiting) if len(pods) == 3 and len(bound) == 2 and len(waiting) == 1 else None
@@ -86,11 +79,16 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
         assert limits[CARD] == "1" and p.spec.containers[0].resources.requests[CARD] == "1"
     assert waiting.status.phase == "Pending" and not waiting.spec.node_name
 
-    # the model: Delivered names the scheduler's message; Degraded names the missing SDK
-    rm = story.wait("Degraded with BackendUnavailable", lambda rm: (
+    # the model: Delivered names the scheduler's message; Degraded names the missing SDK (as
+    # soon as one owner exits, so wait until both bound owners' entries name it too)
+    def reasons(rm):
+        entries = {o["pod"]: o for o in rm.get("status", {}).get("owners") or []}
+        return [entries.get(p.metadata.name, {}).get("reason") for p in bound]
+    rm = story.wait("Degraded with BackendUnavailable on both bound owners", lambda rm: (
         rm.get("status", {}).get("phase") == "Degraded"
         and condition(rm, "Degraded")["reason"] == "BackendUnavailable"
-        and INSUFFICIENT in condition(rm, "Delivered")["message"]), timeout=180)
+        and INSUFFICIENT in condition(rm, "Delivered")["message"]
+        and reasons(rm) == ["BackendUnavailable"] * 2), timeout=180)
     delivered, degraded = condition(rm, "Delivered"), condition(rm, "Degraded")
     print(f"\nDelivered: {delivered['reason']}: {delivered['message']}\nDegraded: {degraded['reason']}: "
           f"{degraded['message']}")
@@ -101,11 +99,10 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
     entries = {o["pod"]: o for o in rm["status"]["owners"]}
     assert entries[waiting.metadata.name]["reason"] == "Unschedulable"
     assert INSUFFICIENT in entries[waiting.metadata.name]["message"]
-    assert [entries[p.metadata.name].get("reason") for p in bound] == ["BackendUnavailable"] * 2
 
     # kubelet backs the failing owners off; the model still says why, not "Loading"
     def backing_off():
-        pods = [p for p in owner_pods(story) if p.spec.node_name == node]
+        pods = [p for p in story.owner_pods() if p.spec.node_name == node]
         return [p for p in pods for s in p.status.container_statuses or []
                 if s.state.waiting and s.state.waiting.reason == "CrashLoopBackOff"
                 and s.last_state.terminated

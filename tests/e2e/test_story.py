@@ -22,7 +22,7 @@ SIZE = 16 * 2**20   # the demo bundles' size (conftest.py)
 
 
 def _owner_pod(story: Story) -> client.V1Pod:
-    pods = story.core.list_namespaced_pod(story.namespace, label_selector=f"resident.dev/model={story.name}").items
+    pods = story.owner_pods()
     assert len(pods) == 1, [p.metadata.name for p in pods]
     return pods[0]
 
