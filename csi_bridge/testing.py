@@ -81,11 +81,12 @@ class BridgeProcess:
 
     def __init__(self, root: Path, *, node_id: str = "node-a", authorize: str = "allow-any",
                  extra_args: tuple[str, ...] = (), env: dict | None = None,
-                 pods_dir: Path | None = None):
+                 pods_dir: Path | None = None, store: Path | None = None):
         self.root, self.socket = Path(root), Path(root) / "csi.sock"
-        # the tests' "kubelet pods directory": by default <root's parent>/kubelet
+        # the tests' "kubelet pods directory": by default <root's parent>/kubelet; the node
+        # store and the bridge's state: by default <root>/data
         self.args = [sys.executable, "-m", "csi_bridge", "--endpoint", f"unix://{self.socket}",
-                     "--node-id", node_id, "--root", str(self.root / "data"),
+                     "--node-id", node_id, "--root", str(store or self.root / "data"),
                      "--pods-dir", str(pods_dir or self.root.parent / "kubelet"),
                      "--authorize", authorize, "--metrics-port", "-1", *extra_args]
         self.env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}

@@ -210,14 +210,14 @@ class PlayedNode:
 
     def __init__(self, cluster, namespace: str, workdir: Path, name: str = "node-a",
                  backend: Callable[[], Any] = CpuBackend, capacity: dict[str, str] | None = None,
-                 real_bridge: bool = False, ip: str = "127.0.0.1"):
+                 real_bridge: bool = False, ip: str = "127.0.0.1", store: Path | None = None):
         self.api = Api(cluster, namespace)
         self.cluster = cluster
         self.bridge = None
         if real_bridge:   # the real CSI bridge (python -m csi_bridge) serves volumes and deliveries
             self.short = Path(tempfile.mkdtemp(prefix="opb-", dir="/tmp"))  # unix socket length
             assert BRIDGE_KUBECONFIG, "the bridge runs as the chart's ServiceAccount (tests/cluster/conftest.py)"
-            self.bridge = BridgeProcess(self.short / "b", node_id=name, authorize="api",
+            self.bridge = BridgeProcess(self.short / "b", node_id=name, authorize="api", store=store,
                                         extra_args=("--deliveries", "--kubeconfig", BRIDGE_KUBECONFIG))
         self.ns, self.name, self.workdir = namespace, name, Path(workdir)
         self.ip = ip   # where this node's owners listen and its Pod IP (any 127.x address)

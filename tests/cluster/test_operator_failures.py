@@ -8,7 +8,8 @@
 - A mount that fails at first placement (the source holds the manifest, but a file of it
   answers HTTP 404 to the real bridge) makes the model ``Degraded`` (DeliveryFailed) and
   ``Delivered=False`` (MountFailed) with the bridge's message, read from kubelet's
-  FailedMount Event on the owner Pod, and the model recovers when the file is back.
+  FailedMount Event on the owner Pod, and the model recovers when the file is back. A node
+  store too small for the bundle is reported the same way, with the sizes.
 - A transition whose new source is down says so (``Degraded`` SourceUnavailable), starts
   nothing, is retried with the same backoff and starts by itself when the source is back.
 - Deletion always finishes: with the real bridge stopped, a BundleDelivery it never
@@ -26,6 +27,7 @@ import time
 import pytest
 
 from bundle.demo import make_demo
+from bundle.loopfs import loop_filesystem
 from bundle.sources import push
 from bundle.sources.httpserve import BundleServer
 from localcluster.processes import free_port
@@ -161,6 +163,28 @@ def test_a_source_that_comes_back_is_picked_up_with_backoff(cluster, namespace, 
 
 def passes(result: str) -> float:
     return REGISTRY.get_sample_value("resident_operator_reconciles_total", {"result": result}) or 0.0
+
+
+def test_a_node_store_too_small_for_the_bundle_degrades_the_model_with_the_sizes(cluster, namespace, tmp_path):
+    """The real bridge's store is an 8 MiB filesystem and the bundle 12 MiB: the publish
+    answers RESOURCE_EXHAUSTED, and the model says so (``Degraded`` DeliveryFailed)."""
+    big = make_demo(tmp_path / "big", 12 << 20, seed=13).digest
+    api = Api(cluster, namespace)
+    with loop_filesystem("ext4", 8 << 20) as mnt, \
+            PlayedNode(cluster, namespace, tmp_path, real_bridge=True, store=mnt / "data") as node, \
+            running_operator(namespace):
+        api.create_model("lm", {"bundle": {"source": f"file://{tmp_path / 'big'}", "digest": big},
+                                "runtime": {"port": free_port()}})
+        cond = wait_for(lambda: degraded(api, "lm", "DeliveryFailed"), timeout=30,
+                        what="Degraded/DeliveryFailed")
+        assert f"no space in the node store for {big}" in cond["message"], cond["message"]
+        mounts = wait_for(lambda: [m for _, _, reason, m in api.all_events() if reason == "FailedMount"],
+                          what="the played kubelet's FailedMount")
+        assert "code = ResourceExhausted" in mounts[0]
+        assert condition(api.model("lm"), "Delivered")["reason"] == "MountFailed"
+        api.delete_model("lm")
+        wait_for(lambda: api.model("lm") is None, timeout=45, what="the model gone")
+        assert not node.errors, node.errors[-1]
 
 
 def test_a_transition_whose_source_is_down_says_so_and_starts_when_it_is_back(
