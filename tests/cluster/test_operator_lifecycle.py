@@ -137,9 +137,10 @@ def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(clust
         again = wait_for(lambda: [x for x in api.core.list_namespaced_service(namespace).items
                                   if x.metadata.uid != svc.metadata.uid and not x.metadata.deletion_timestamp],
                          what="the Service re-created")[0]
-        wait_for(lambda: again.metadata.uid in {c["uid"] for c in api.model("tiny")["status"]["children"]},
-                 what="the new Service recorded")
-        assert svc.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
+        # recorded before anything depends on it, then the old record forgotten: two writes
+        recorded = lambda: {c["uid"] for c in api.model("tiny")["status"]["children"]}  # noqa: E731
+        wait_for(lambda: again.metadata.uid in recorded() and svc.metadata.uid not in recorded(),
+                 what="the new Service recorded and the deleted one forgotten")
         # passes reuse the checked companions; their own watch events (the safety resync is
         # 120 s here) make the next pass look again: an edited port and a deleted budget
         api.core.patch_namespaced_service("tiny", namespace, [
