@@ -1,7 +1,8 @@
 """Companions: the children a model has exactly one of, kept in line with its spec.
 
 The Service in front of the owners (``serving.py``), the PodDisruptionBudget over them
-(``disruption.py``) and the NetworkPolicy around their control port (``control_policy.py``). Each pass reads the companion by name and creates it (recorded by
+(``disruption.py``) and the NetworkPolicy around their control port
+(``control_policy.py``). Each pass reads the companion by name and creates it (recorded by
 UID) when it is missing, adopts it after a crash when it is labelled for and owned by this
 model, forgets records of earlier ones (someone deleted them), and patches the spec
 fields the model decides when they drifted. A name held by an object that is not this
