@@ -87,7 +87,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={d / 'sa.key'}",
             f"--token-auth-file={d / 'tokens.csv'}",
             f"--authorization-mode={'Node,RBAC' if self.node_name else 'RBAC'}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-cluster-ip-range=10.0.0.0/16",   # a Service per model: room for thousands
             "--allow-privileged=true", "--endpoint-reconciler-type=none",
             *self._kubelet_facing_flags(),
             *self.extra_apiserver_flags,

@@ -3,18 +3,24 @@
 A pass reads the model fresh (one GET, so it always sees its own earlier status writes),
 runs :func:`~.reconcile.reconcile` under the model's lock and turns what happened into a
 :class:`~.context.FollowUp`: a ``kopf.TemporaryError`` or an unexpected exception asks for
-a retry after its delay, an invalid spec waits for the next spec change. Nothing here
+a retry after its delay (an unexpected one also shows on the model as ``Degraded``
+``ReconcileFailed``), an invalid spec waits for the next spec change. Nothing here
 raises: a driver loop must never die of a pass.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any
-import kopf
 
+import kopf
+from kubernetes.client.rest import ApiException
+
+from . import conditions as c
 from . import metrics, naming
 from .context import FollowUp, ModelContext
 from .kube import Kube
@@ -76,11 +82,37 @@ def _reconcile(ctx: ModelContext) -> None:
         log.info("pass waits", extra={"model": model, "reason": str(e)})
         ctx.follow_up.recheck_in(e.delay or ERROR_RETRY_SECONDS)
         return
-    except Exception as e:  # noqa: BLE001 - counted, logged and retried
+    except Exception as e:  # noqa: BLE001 - counted, logged, shown on the model and retried
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.labels(reason=type(e).__name__).inc()
         log.exception("pass failed", extra={"model": model})
         ctx.follow_up.recheck_in(ERROR_RETRY_SECONDS)
+        _report_failure(ctx, e)
         return
     metrics.RECONCILES.labels(result=outcome).inc()
 
+
+
+def _report_failure(ctx: ModelContext, error: Exception) -> None:
+    """A pass that fails (the API server refuses a child: a full Service IP range, a
+    ResourceQuota, a webhook) says so on the model: ``Degraded=True`` reason
+    ``ReconcileFailed`` with the API server's own message, kept until a pass succeeds.
+    Without it the model would show nothing, or an old status, while every retry fails."""
+    message = f"{type(error).__name__}: {error}"
+    if isinstance(error, ApiException):
+        try:
+            message = json.loads(error.body or "{}").get("message") or message
+        except ValueError:
+            pass
+        message = f"the API server answered {error.status} {error.reason}: {message}"
+    status = ctx.body.get("status") or {}
+    conditions = c.merge_conditions(status.get("conditions"), [
+        c.condition(c.DEGRADED, True, "ReconcileFailed", message[:1000])],
+        now=datetime.now(timezone.utc), generation=ctx.body["metadata"].get("generation"))
+    degraded = c.find(status.get("conditions"), c.DEGRADED) or {}
+    try:
+        ctx.kube.patch_model_status(ctx.namespace, ctx.name, {"phase": "Degraded", "conditions": conditions})
+        if (degraded.get("status"), degraded.get("reason")) != ("True", "ReconcileFailed"):
+            ctx.event("ReconcileFailed", message, warning=True)
+    except Exception:  # noqa: BLE001 - the API server may be the thing that fails
+        log.warning("cannot report the failed pass on the model", extra={"model": f"{ctx.namespace}/{ctx.name}"})

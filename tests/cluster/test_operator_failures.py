@@ -12,6 +12,8 @@
   store too small for the bundle is reported the same way, with the sizes.
 - A transition whose new source is down says so (``Degraded`` SourceUnavailable), starts
   nothing, is retried with the same backoff and starts by itself when the source is back.
+- A child the API server refuses (a ResourceQuota of zero Services) makes the model
+  ``Degraded`` (ReconcileFailed) with the API server's message, until the quota goes.
 - Deletion always finishes: with the real bridge stopped, a BundleDelivery it never
   releases loses the bridge's finalizer after the grace period
   (``RESIDENT_DELETE_GRACE_SECONDS``), with a Warning naming the delivery, its revision
@@ -163,6 +165,29 @@ def test_a_source_that_comes_back_is_picked_up_with_backoff(cluster, namespace, 
 
 def passes(result: str) -> float:
     return REGISTRY.get_sample_value("resident_operator_reconciles_total", {"result": result}) or 0.0
+
+
+def test_a_child_the_api_server_refuses_degrades_the_model_with_its_message(cluster, namespace, bundles):
+    """A ResourceQuota of zero Services: every pass fails creating the model's Service. The
+    model says so with the API server's words, and recovers when the quota goes."""
+    root, d = bundles
+    api = Api(cluster, namespace)
+    api.core.create_namespaced_resource_quota(namespace, {
+        "metadata": {"name": "no-services"}, "spec": {"hard": {"services": "0"}}})
+    wait_for(lambda: (api.core.read_namespaced_resource_quota("no-services", namespace).status.hard or {}),
+             what="the quota controller to fill the quota's status")
+    with running_operator(namespace):
+        api.create_model("lm", {"bundle": {"source": f"file://{root / 'one'}", "digest": d["one"]}})
+        cond = wait_for(lambda: degraded(api, "lm", "ReconcileFailed"), timeout=15,
+                        what="Degraded/ReconcileFailed")
+        assert "403" in cond["message"] and "exceeded quota: no-services" in cond["message"], cond
+        assert api.model("lm")["status"]["phase"] == "Degraded"
+        wait_for(lambda: [e for e in api.events("lm") if e.reason == "ReconcileFailed"], timeout=10,
+                 what="a ReconcileFailed Event")
+        api.core.delete_namespaced_resource_quota("no-services", namespace)
+        wait_for(lambda: condition(api.model("lm"), "Degraded").get("status") == "False", timeout=30,
+                 what="Degraded=False once the quota is gone")
+        assert api.core.read_namespaced_service("lm", namespace).metadata.name == "lm"
 
 
 def test_a_node_store_too_small_for_the_bundle_degrades_the_model_with_the_sizes(cluster, namespace, tmp_path):
