@@ -1,10 +1,11 @@
 """The operator's side effects on the API server, as plain dicts in and out.
 
 A thin layer over the official client for the kinds the operator creates (Pod, Secret,
-Service, BundleDelivery, PodDisruptionBudget, NetworkPolicy) and for the ResidentModel's status. Creation tolerates 409 by
-returning the existing object (the caller decides whether it may adopt it); deletion
-tolerates 404 and always carries a UID precondition, and reports a 409 (the name now
-belongs to another object) as "not ours" instead of deleting it.
+Service, BundleDelivery, PodDisruptionBudget, NetworkPolicy), for the Events of its owner
+Pods and for the ResidentModel's status. Creation tolerates 409 by returning the existing
+object (the caller decides whether it may adopt it); deletion tolerates 404 and always
+carries a UID precondition, and reports a 409 (the name now belongs to another object) as
+"not ours" instead of deleting it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import json
 import logging
 import threading
 import time
-from datetime import datetime, timezone
 from typing import Any
 
 import kopf
@@ -24,7 +23,7 @@ from . import conditions as c
 from . import metrics, naming
 from .context import FollowUp, ModelContext
 from .kube import Kube
-from .reconcile import reconcile
+from .reconcile import reconcile, write_status
 from .settings import OperatorSettings
 
 log = logging.getLogger("resident_operator")
@@ -92,7 +91,6 @@ def _reconcile(ctx: ModelContext) -> None:
     metrics.RECONCILES.labels(result=outcome).inc()
 
 
-
 def _report_failure(ctx: ModelContext, error: Exception) -> None:
     """A pass that fails (the API server refuses a child: a full Service IP range, a
     ResourceQuota, a webhook) says so on the model: ``Degraded=True`` reason
@@ -105,14 +103,8 @@ def _report_failure(ctx: ModelContext, error: Exception) -> None:
         except ValueError:
             pass
         message = f"the API server answered {error.status} {error.reason}: {message}"
-    status = ctx.body.get("status") or {}
-    conditions = c.merge_conditions(status.get("conditions"), [
-        c.condition(c.DEGRADED, True, "ReconcileFailed", message[:1000])],
-        now=datetime.now(timezone.utc), generation=ctx.body["metadata"].get("generation"))
-    degraded = c.find(status.get("conditions"), c.DEGRADED) or {}
     try:
-        ctx.kube.patch_model_status(ctx.namespace, ctx.name, {"phase": "Degraded", "conditions": conditions})
-        if (degraded.get("status"), degraded.get("reason")) != ("True", "ReconcileFailed"):
-            ctx.event("ReconcileFailed", message, warning=True)
+        write_status(ctx, [c.condition(c.DEGRADED, True, "ReconcileFailed", message[:1000])],
+                     {"phase": "Degraded"})
     except Exception:  # noqa: BLE001 - the API server may be the thing that fails
         log.warning("cannot report the failed pass on the model", extra={"model": f"{ctx.namespace}/{ctx.name}"})

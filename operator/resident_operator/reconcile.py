@@ -89,21 +89,27 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
 
 def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
     """Write the derived status (keeping condition times) and post condition-change Events."""
-    previous = (ctx.body.get("status") or {}).get("conditions") or []
-    generation = ctx.body["metadata"].get("generation")
-    merged = c.merge_conditions(previous, derived["conditions"],
-                                now=datetime.now(timezone.utc), generation=generation)
-    _announce_changes(ctx, previous, merged)
     patch = {
-        "observedGeneration": generation, "phase": derived["phase"], "ready": derived["ready"],
-        "identity": derived["identity"] or None, "owners": derived["owners"], "conditions": merged,
+        "observedGeneration": ctx.body["metadata"].get("generation"), "phase": derived["phase"],
+        "ready": derived["ready"], "identity": derived["identity"] or None, "owners": derived["owners"],
     }
     for key in ("endpoint", "replicas", "selector"):   # not known when the spec is invalid
         if key in derived:
             patch[key] = derived[key]
+    write_status(ctx, derived["conditions"], patch)
+    metrics.set_model_phase(f"{ctx.namespace}/{ctx.name}", derived["phase"])
+
+
+def write_status(ctx: ModelContext, conditions: list[dict[str, Any]], fields: dict[str, Any]) -> None:
+    """Merge ``conditions`` into the model's (keeping their times and the other types), post
+    an Event for each that changed, and patch them with ``fields`` unless nothing changed."""
+    previous = (ctx.body.get("status") or {}).get("conditions") or []
+    merged = c.merge_conditions(previous, conditions, now=datetime.now(timezone.utc),
+                                generation=ctx.body["metadata"].get("generation"))
+    _announce_changes(ctx, previous, merged)
+    patch = dict(fields, conditions=merged)
     if changed(ctx.body.get("status") or {}, patch):
         ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
-    metrics.set_model_phase(f"{ctx.namespace}/{ctx.name}", derived["phase"])
 
 
 def changed(status: dict[str, Any], patch: dict[str, Any]) -> bool:

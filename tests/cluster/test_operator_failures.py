@@ -37,6 +37,7 @@ from resident_operator.metrics import REGISTRY
 
 from conftest_operator import LEASE_FINALIZER, Api, PlayedNode, condition, running_operator
 from polling import wait_for
+from test_operator_transitions import ready_on
 
 
 @pytest.fixture(scope="module")
@@ -224,8 +225,7 @@ def test_a_transition_whose_source_is_down_says_so_and_starts_when_it_is_back(
         with PlayedNode(cluster, namespace, tmp_path, real_bridge=True) as node, running_operator(namespace):
             api.create_model("lm", {"bundle": {"source": f"file://{root / 'one'}", "digest": d["one"]},
                                     "runtime": {"port": port}})
-            wait_for(lambda: (api.model("lm").get("status") or {}).get("phase") == "Ready", timeout=45,
-                     what="Ready")
+            wait_for(lambda: ready_on(api, d["one"]), timeout=45, what="Ready on one")
             api.patch_spec("lm", {"bundle": {"source": url, "digest": d["two"]}})
             before = passes("ok")
             cond = wait_for(lambda: degraded(api, "lm", "SourceUnavailable"), timeout=10,
@@ -236,8 +236,7 @@ def test_a_transition_whose_source_is_down_says_so_and_starts_when_it_is_back(
             # retried with backoff (about 0, 2, 4, 8 s), neither in a loop nor every 10 s
             assert 3 <= passes("ok") - before <= 6, passes("ok") - before
             served.start()
-            wait_for(lambda: (api.model("lm").get("status") or {}).get("identity", {}).get("bundle") == d["two"]
-                     and api.model("lm")["status"]["phase"] == "Ready", timeout=45, what="Ready on two")
+            wait_for(lambda: ready_on(api, d["two"]), timeout=45, what="Ready on two")
             assert condition(api.model("lm"), "Degraded")["status"] == "False"
         assert not node.errors, node.errors[-1]
     finally:
@@ -255,8 +254,7 @@ def test_deletion_finishes_when_the_bridge_is_stopped(cluster, namespace, bundle
     with PlayedNode(cluster, namespace, tmp_path, real_bridge=True) as node, \
             running_operator(namespace, RESIDENT_DELETE_GRACE_SECONDS="4"):
         api.create_model("lm", {"bundle": {"source": one, "digest": d["one"]}, "runtime": {"port": port}})
-        wait_for(lambda: (api.model("lm").get("status") or {}).get("phase") == "Ready", timeout=45,
-                 what="Ready")
+        wait_for(lambda: ready_on(api, d["one"]), timeout=45, what="Ready on one")
         api.patch_spec("lm", {"bundle": {"source": two, "digest": d["two"]}})
         bd = wait_for(lambda: [b for b in api.deliveries()
                                if LEASE_FINALIZER in b["metadata"].get("finalizers", [])],
@@ -302,8 +300,7 @@ def test_a_failing_first_mount_names_the_bridges_error_on_the_model(cluster, nam
                              timeout=10, what="a DeliveryFailed Event")[0]
             assert event.type == "Warning" and "HTTP 404" in event.message
             weights.write_bytes(kept)              # the file is back: the next publish mounts it
-            wait_for(lambda: (api.model("lm").get("status") or {}).get("phase") == "Ready",
-                     timeout=45, what="Ready once the file is back")
+            wait_for(lambda: ready_on(api, d["one"]), timeout=45, what="Ready once the file is back")
             assert condition(api.model("lm"), "Degraded")["status"] == "False"
             wait_for(lambda: "Recovered" in api.reasons("lm"), timeout=10, what="a Recovered Event")
             api.delete_model("lm")
