@@ -41,12 +41,14 @@ def stats(values: list[float]) -> dict:
 
 
 def summarize(samples: list[dict], metric: str, ratios: dict[str, tuple[str, str]]) -> dict:
-    """Median/IQR of ``metric`` per arm, and median ratios ``name: (numerator, denominator)``."""
+    """Median/IQR of ``metric`` per arm, and median ratios ``name: (numerator, denominator)``
+    (None where the denominator's median is zero: a ratio to nothing is no figure)."""
     arms = sorted({s["arm"] for s in samples})
     per_arm = {a: stats([s[metric] for s in samples if s["arm"] == a]) for a in arms}
     out = {"metric": metric, "arms": per_arm, "ratios": {}}
     for name, (num, den) in ratios.items():
-        out["ratios"][name] = per_arm[num]["median"] / per_arm[den]["median"]
+        den_median = per_arm[den]["median"]
+        out["ratios"][name] = per_arm[num]["median"] / den_median if den_median else None
     return out
 
 
