@@ -65,9 +65,12 @@ class ModelHandle:
 # What a pass reuses from earlier passes (``ModelHandle.known``), and the events after
 # which it must read it again: the owners' token after a change of its Secret; the
 # companions (Service, PodDisruptionBudget, NetworkPolicy), checked while ``endpoint`` is
-# known, after a change of any of them or of the spec. The safety resync reads everything again.
+# known, after a change of any of them or of the spec; both when the sweep, which lists
+# every child kind each minute, finds the model's children differ from its records (a
+# watch event missed). The safety resync, which costs every model, reads the model and
+# its Pods again but trusts the watch and the sweep for the rest.
 FORGETS = {"secret": ("token",), "model": ("endpoint",), "service": ("endpoint",),
-           "budget": ("endpoint",), "control-policy": ("endpoint",), "resync": ("token", "endpoint")}
+           "budget": ("endpoint",), "control-policy": ("endpoint",), "sweep": ("token", "endpoint")}
 
 
 def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:

@@ -105,7 +105,8 @@ async def _sweep_forever(rt: Runtime) -> None:
         await asyncio.sleep(rt.settings.sweep_seconds)
         try:
             await loop.run_in_executor(rt.pool, contextvars.copy_context().run, sweep_once,
-                                       rt.kube, rt.settings, list(rt.handles.values()))
+                                       rt.kube, rt.settings, list(rt.handles.values()),
+                                       lambda h: loop.call_soon_threadsafe(h.poke, "sweep"))
         except Exception:  # noqa: BLE001 - the next sweep tries again
             log.exception("orphan sweep failed")
 

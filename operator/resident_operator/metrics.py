@@ -9,7 +9,7 @@
 - ``resident_models{phase}``: models by phase, as last observed by this operator.
 - ``resident_operator_wakes_total{cause}``: requests for a model's pass, by what asked
   (``model``, ``pod``, ``secret``, ``delivery``, ``service``, ``budget``,
-  ``control-policy``, ``owner``, ``resync``).
+  ``control-policy``, ``owner``, ``resync``, ``sweep``).
 - ``resident_operator_pass_duration_seconds``: wall time of one pass.
 """
 

@@ -5,7 +5,9 @@ models, by the ``resident.dev/model-uid`` label, and compares what it finds with
 children each model's status records (kept in memory from the model watch). Only a model
 with a difference is looked at closely: under its pass lock and from a fresh read, objects
 labelled for it but not recorded are deleted by UID (Event ``OrphanDeleted``) and records
-of objects that went away are forgotten. An object whose controller, by owner reference,
+of objects that went away are forgotten; then the model is woken (cause ``sweep``) to read
+its token and companions again and put back what is missing, as the watch event that
+should have woken it was missed. An object whose controller, by owner reference,
 is a model that no longer exists is deleted by UID as well. A settled cluster costs one
 LIST request per swept kind, namespace and sweep, whatever the number of models.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from . import naming
 from .cleanup import SWEPT_KINDS, prune_records, sweep_orphans
@@ -27,8 +29,10 @@ from .settings import OperatorSettings
 log = logging.getLogger("resident_operator")
 
 
-def sweep_once(kube: Kube, settings: OperatorSettings, handles: Iterable[ModelHandle]) -> list[str]:
-    """One sweep over every namespace with models; returns the ``kind/name`` deleted."""
+def sweep_once(kube: Kube, settings: OperatorSettings, handles: Iterable[ModelHandle],
+               wake: Callable[[ModelHandle], None]) -> list[str]:
+    """One sweep over every namespace with models; returns the ``kind/name`` deleted.
+    ``wake`` is called (from this thread) for each model whose children differed."""
     by_namespace: dict[str, list[ModelHandle]] = defaultdict(list)
     for h in handles:
         by_namespace[h.namespace].append(h)
@@ -45,6 +49,7 @@ def sweep_once(kube: Kube, settings: OperatorSettings, handles: Iterable[ModelHa
         for h in models:
             if _differs(h, listed.get(h.uid, [])):
                 swept += _sweep_model(kube, settings, h)
+                wake(h)
     return swept
 
 

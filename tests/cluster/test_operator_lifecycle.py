@@ -382,3 +382,29 @@ def test_orphans_labelled_for_the_model_are_swept(cluster, namespace, tiny):
         assert api.core.read_namespaced_secret("unrelated", namespace).metadata.uid == unrelated.metadata.uid
         assert owner_pods(api, "tiny")[0].metadata.uid == pod.metadata.uid  # recorded child kept
         assert orphan.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
+
+
+def test_the_sweep_wakes_a_model_whose_recorded_child_went_unseen(cluster, namespace, tiny):
+    """A child deleted while its watch event was lost (the safety resync no longer reads
+    companions): the sweep finds the record without an object, forgets it, and wakes that
+    model alone to read its companions again. Run directly, under the operator's account."""
+    import kubernetes
+    from conftest_operator import OPERATOR_ENV
+    from resident_operator.driver import ModelHandle
+    from resident_operator.kube import Kube
+    from resident_operator.settings import settings_from_env
+    from resident_operator.sweep import sweep_once
+
+    api = Api(cluster, namespace)
+    lost, intact = api.create_model("lost", tiny), api.create_model("intact", tiny)
+    record = {"apiVersion": "v1", "kind": "Service", "name": "lost", "uid": "0000-gone"}
+    api.custom.patch_namespaced_custom_object_status(
+        "resident.dev", "v1alpha1", namespace, "residentmodels", "lost", {"status": {"children": [record]}})
+    handles = [ModelHandle(namespace, "lost", lost["metadata"]["uid"]),
+               ModelHandle(namespace, "intact", intact["metadata"]["uid"])]
+    handles[0].recorded = {"0000-gone"}
+    kube = Kube(kubernetes.config.new_client_from_config(config_file=OPERATOR_ENV["KUBECONFIG"]))
+    woken = []
+    sweep_once(kube, settings_from_env({}), handles, woken.append)
+    assert [h.name for h in woken] == ["lost"]
+    assert not api.model("lost")["status"].get("children")     # the stale record is forgotten
