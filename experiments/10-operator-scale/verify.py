@@ -1,4 +1,6 @@
-"""Recompute experiment 10's summary from raw.json and check it matches summary.json."""
+"""Recompute experiment 10's summaries from their raw.json and check they match: this
+folder (the current operator) and ``resync-reads-companions/`` (the run before the safety
+resync stopped reading the token Secret and the companions, kept for comparison)."""
 
 import sys
 from pathlib import Path
@@ -11,4 +13,5 @@ import benchkit  # noqa: E402
 from run import recompute  # noqa: E402
 
 if __name__ == "__main__":
-    benchkit.verify(HERE, recompute)
+    for folder in [HERE, *sorted(p.parent for p in HERE.glob("*/raw.json"))]:
+        benchkit.verify(folder, recompute)
