@@ -8,13 +8,18 @@ it places a model.
 
 from __future__ import annotations
 
+import kubernetes
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from bundle.demo import make_demo
-from conftest_operator import Api, condition, running_operator
+from conftest_operator import OPERATOR_ENV, Api, condition, running_operator
 from polling import wait_for
+from resident_operator.driver import ModelHandle
+from resident_operator.kube import Kube
+from resident_operator.settings import settings_from_env
+from resident_operator.sweep import sweep_once
 
 
 @pytest.fixture(scope="module")
@@ -388,13 +393,6 @@ def test_the_sweep_wakes_a_model_whose_recorded_child_went_unseen(cluster, names
     """A child deleted while its watch event was lost (the safety resync no longer reads
     companions): the sweep finds the record without an object, forgets it, and wakes that
     model alone to read its companions again. Run directly, under the operator's account."""
-    import kubernetes
-    from conftest_operator import OPERATOR_ENV
-    from resident_operator.driver import ModelHandle
-    from resident_operator.kube import Kube
-    from resident_operator.settings import settings_from_env
-    from resident_operator.sweep import sweep_once
-
     api = Api(cluster, namespace)
     lost, intact = api.create_model("lost", tiny), api.create_model("intact", tiny)
     record = {"apiVersion": "v1", "kind": "Service", "name": "lost", "uid": "0000-gone"}
