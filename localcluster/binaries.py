@@ -1,66 +1,56 @@
-"""Kubernetes binaries for the local cluster, built once per machine from Debian sources.
+"""Kubernetes for the local cluster, built from its Go modules, once per machine and version.
 
-Debian ships etcd as a binary package and Kubernetes only as a source package
-(1.20.2, with its whole vendor tree). We install the build tools from Debian's
-registry, unpack the source, replace the vendored reflect2 (v1.0.1 crashes Go >= 1.18
-builds of kube-apiserver on the first custom-resource create), and build the
-components the way ``debian/rules`` does. The result is cached outside the
-repository under ``$RESIDENT_CACHE`` (default ``/var/cache/resident``), keyed by
-the source version, so later runs only check that the files exist. Processes that start
-at once on a fresh machine (a demo and a test run) build it once: the second waits for the
-first under a file lock and finds the binaries made.
+``k8s.io/kubernetes`` is served by the Go module proxy as source. Its ``go.mod`` points
+its staging modules (``k8s.io/api``, ``k8s.io/apiserver``, ...) at folders of its own
+tree, so it cannot be built with ``go install cmd@version``; instead a module of ours
+requires it at one version and replaces every staging module with the matching ``v0``
+release (:mod:`localcluster.gobuild`). The staging list is read from that version's own
+``go.mod``, so it follows the release.
 
-What apt and the build print goes to log files under ``$RESIDENT_CACHE/logs``
-(``apt.log``, ``kubernetes-build.log``); the screen gets one line per step and, during
-the 5-10 minute first build, its progress (:func:`localcluster.progress.run_logged`).
+Two versions are built, the two ends of what the chart declares (``kubeVersion``):
+:data:`NEWEST` runs everything, :data:`OLDEST` runs the cluster test layer (API server
+only). ``RESIDENT_KUBERNETES_VERSION`` picks the version a process uses. The binaries
+carry their version (``kubectl version``, a Node's ``kubeletVersion``), set by
+``-ldflags`` as the release build does. etcd is Debian's ``etcd-server``.
+
+Cached under ``$RESIDENT_CACHE/kubernetes-<version>/bin``; the first build of the six
+commands takes about 20 minutes on 2 cores and writes its output to
+``$RESIDENT_CACHE/logs/kubernetes-build.log`` while the screen shows its progress.
 """
 
 from __future__ import annotations
 
-import fcntl
-import glob
+import json
 import logging
 import os
-import shutil
+import re
 import subprocess
-from contextlib import contextmanager
 from pathlib import Path
 
+from .gobuild import GoBuild, cache_root, ensure_built, go_env, logs_dir
 from .progress import run_logged
 
 log = logging.getLogger(__name__)
 
-K8S_VERSION = "1.20.2"
+NEWEST = "1.37.2"
+OLDEST = "1.34.4"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-NODE = ("kubelet",)
-BUILD_PACKAGES = (
-    "golang-go", "etcd-server", "dpkg-dev", "rsync", "jq", "openssl",
-    "golang-github-modern-go-reflect2-dev",
-)
-DEB_SRC = "/etc/apt/sources.list.d/resident-deb-src.sources"
-REFLECT2 = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
+NODE = ("kubelet", "kube-proxy")
+BUILD_PACKAGES = ("etcd-server", "openssl")
+# staging modules that are examples, not parts of any command, and not published as v0 releases
+UNPUBLISHED_STAGING = ("k8s.io/sample-",)
+
+__all__ = ["NEWEST", "OLDEST", "CONTROL_PLANE", "NODE", "apt_install", "cache_root", "bin_dir",
+           "ensure_binaries", "kubernetes_version", "logs_dir"]
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("RESIDENT_CACHE", "/var/cache/resident"))
+def kubernetes_version() -> str:
+    """The version this process runs: ``RESIDENT_KUBERNETES_VERSION``, else the newest."""
+    return os.environ.get("RESIDENT_KUBERNETES_VERSION") or NEWEST
 
 
-def bin_dir() -> Path:
-    return cache_root() / f"kubernetes-{K8S_VERSION}" / "bin"
-
-
-def logs_dir() -> Path:
-    return cache_root() / "logs"
-
-
-def _apt(script: str, args: list[str], what: str) -> None:
-    """Run an apt-get shell ``script`` (``$@`` is ``args``) as one logged step."""
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    run_logged(["sh", "-ec", script, "apt", *args], logs_dir() / "apt.log", what, env=env)
-
-
-def _build_step(argv: list[str], what: str, **popen) -> None:
-    run_logged(argv, logs_dir() / "kubernetes-build.log", what, **popen)
+def bin_dir(version: str | None = None) -> Path:
+    return cache_root() / f"kubernetes-{version or kubernetes_version()}" / "bin"
 
 
 def apt_install(packages: tuple[str, ...] | list[str]) -> None:
@@ -70,84 +60,55 @@ def apt_install(packages: tuple[str, ...] | list[str]) -> None:
     ).stdout != "install ok installed"]
     if not missing:
         return
-    _apt('apt-get update && apt-get install -y --no-install-recommends "$@"', missing,
-         f"installing Debian packages: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run_logged(["sh", "-ec", 'apt-get update && apt-get install -y --no-install-recommends "$@"', "apt",
+                *missing], logs_dir() / "apt.log", f"installing Debian packages: {' '.join(missing)}", env=env)
 
 
-def _enable_deb_src() -> None:
-    if Path(DEB_SRC).exists():
-        return
-    Path(DEB_SRC).write_text(
-        "Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\n"
-        "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+def staging_modules(version: str) -> list[str]:
+    """The staging modules that ``k8s.io/kubernetes@v<version>`` replaces with its own folders."""
+    done = subprocess.run(["go", "mod", "download", "-json", f"k8s.io/kubernetes@v{version}"],
+                          capture_output=True, text=True, env=go_env(), cwd=cache_root())
+    if done.returncode:
+        raise RuntimeError(f"cannot fetch k8s.io/kubernetes@v{version} from the Go module proxy: "
+                           f"{done.stdout.strip()} {done.stderr.strip()}")
+    go_mod = Path(json.loads(done.stdout)["GoMod"]).read_text()
+    staged = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/", go_mod, re.MULTILINE)
+    return [m for m in staged if not m.startswith(UNPUBLISHED_STAGING)]
+
+
+def kubernetes_build(version: str) -> GoBuild:
+    major, minor = version.split(".")[:2]
+    stamp = {"gitVersion": f"v{version}", "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean"}
+    ldflags = " ".join(["-s -w"] + [f"-X k8s.io/component-base/version.{k}={v}" for k, v in stamp.items()]
+                       + [f"-X k8s.io/client-go/pkg/version.{k}={v}" for k, v in stamp.items()])
+    return GoBuild(
+        name=f"kubernetes-{version}",
+        requires={"k8s.io/kubernetes": f"v{version}"},
+        replaces={m: f"{m} v0.{minor}.{version.split('.')[2]}" for m in staging_modules(version)},
+        commands={c: f"k8s.io/kubernetes/cmd/{c}" for c in CONTROL_PLANE + NODE},
+        ldflags=ldflags, log="kubernetes-build.log",
+        what=f"building Kubernetes {version} from Go modules (first run on this machine, about 20 min)",
     )
-    _apt("apt-get update", [], "updating Debian's package lists (with sources)")
 
 
-def _unpack_source(work: Path) -> Path:
-    tree = work / "k8s"
-    if (tree / "Makefile").exists():
-        return tree
-    _enable_deb_src()
-    work.mkdir(parents=True, exist_ok=True)
-    _build_step(["apt-get", "source", "--download-only", "kubernetes"], "downloading Debian's kubernetes source",
-                cwd=work)
-    dsc = sorted(glob.glob(str(work / "kubernetes_*.dsc")))[-1]
-    _build_step(["dpkg-source", "-x", "--skip-patches", dsc, str(tree)], "unpacking the kubernetes source", cwd=work)
-    vendored = tree / "vendor/github.com/modern-go/reflect2"
-    shutil.rmtree(vendored)
-    vendored.mkdir()
-    for f in REFLECT2.iterdir():
-        if f.suffix in (".go", ".s"):
-            shutil.copy2(f, vendored / f.name)
-    return tree
-
-
-@contextmanager
-def build_lock(cache: Path):
-    """Hold ``cache``'s build lock: one process at a time builds into that cache."""
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def ensure_binaries(components: tuple[str, ...] = CONTROL_PLANE) -> Path:
-    """Return the directory holding the requested binaries, building them if needed."""
+def ensure_binaries(components: tuple[str, ...] = CONTROL_PLANE, version: str | None = None) -> Path:
+    """Return the directory holding the requested binaries of ``version``, building them if needed."""
     apt_install(BUILD_PACKAGES)
-    out = bin_dir()
+    version = version or kubernetes_version()
+    out = bin_dir(version)
     if all((out / c).exists() for c in components):
         return out
-    with build_lock(cache_root() / f"kubernetes-{K8S_VERSION}"):
-        _build([c for c in components if not (out / c).exists()], out)
-    return out
-
-
-def _build(wanted: list[str], out: Path) -> None:
-    if not wanted:   # another process built them while this one waited
-        return
-    work = cache_root() / f"kubernetes-{K8S_VERSION}" / "src"
-    tree = _unpack_source(work)
-    gopath = tree / ".go/src/k8s.io"
-    gopath.mkdir(parents=True, exist_ok=True)
-    if not (gopath / "kubernetes").exists():
-        (gopath / "kubernetes").symlink_to("../../..")
-    env = dict(
-        os.environ, GOPATH=str(tree / ".go"), CGO_ENABLED="0", HOME=str(work / "home"),
-        GOCACHE=str(cache_root() / "gocache"), GOFLAGS="",
-    )
-    what = " ".join(f"cmd/{c}" for c in wanted)
-    _build_step(["make", f"WHAT={what}"],
-                f"building Kubernetes {K8S_VERSION} ({', '.join(wanted)}; first run on this machine, 5-10 min)",
-                cwd=tree, env=env)
-    out.mkdir(parents=True, exist_ok=True)
-    for c in wanted:
-        built = tree / "_output/local/bin/linux/amd64" / c
-        tmp = out / f".{c}.tmp"
-        shutil.copy2(built, tmp)
-        tmp.rename(out / c)
+    return ensure_built(kubernetes_build(version), components)
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m localcluster.binaries",
+                                     description="Build (or find) the local cluster's Kubernetes binaries.")
+    parser.add_argument("--version", default=None, help=f"default: $RESIDENT_KUBERNETES_VERSION or {NEWEST}")
+    parser.add_argument("--control-plane-only", action="store_true", help="only what the cluster layer needs")
+    args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    print(ensure_binaries(CONTROL_PLANE + NODE))
+    print(ensure_binaries(CONTROL_PLANE if args.control_plane_only else CONTROL_PLANE + NODE, args.version))

@@ -1,25 +1,28 @@
 """A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, controller-manager, scheduler.
 
-Tests and the demo use the same :class:`ControlPlane`. It builds or reuses the binaries
-(:mod:`localcluster.binaries`), makes a throw-away state directory (etcd data,
-certificates, a service-account key pair, a static admin token), starts the four
-processes on free loopback ports, writes a kubeconfig and waits for ``/readyz``.
-``stop()`` ends every process it started by PID; it also runs at exit.
+Tests and the demo use the same :class:`ControlPlane`. It builds or reuses the binaries of
+one Kubernetes version (:mod:`localcluster.binaries`; ``version``, default
+``$RESIDENT_KUBERNETES_VERSION`` or the newest), makes a throw-away state directory (etcd
+data, a CA and certificates signed by it (:mod:`localcluster.pki`), a service-account key
+pair, static tokens), starts the four processes on free loopback ports, writes a kubeconfig
+that verifies the API server against the CA, and waits for ``/readyz``. ``stop()`` ends
+every process it started by PID; it also runs at exit.
 
-With ``node_name`` set, the control plane is ready for one kubelet
-(:class:`localcluster.node.LocalCluster`): the API server authorizes with ``Node,RBAC``,
-a static token gives the kubelet the identity ``system:node:<name>`` in ``system:nodes``
-(so the Node authorizer, not system:masters, decides what it may read), the API server
-reaches the kubelet by its Hostname address (which must resolve to loopback), and it
-presents a client certificate signed by a small CA that the kubelet trusts, so the
-kubelet can refuse anonymous requests.
+Nodes (:class:`localcluster.node.LocalCluster`) need more of it, set by
+``advertise_address`` and ``node_names``: the API server then advertises that address (the
+``kubernetes`` Service's endpoint, which the node network carries to this loopback server),
+authorizes with ``Node,RBAC``, gives each kubelet a static token as
+``system:node:<name>`` in ``system:nodes`` and kube-proxy one as ``system:kube-proxy``,
+reaches kubelets by their InternalIP with a client certificate they trust, and verifies
+their serving certificates; the controller-manager hands each Node a Pod range.
 
-The API server is the real 1.20 server: schema validation, the status subresource,
-watches, RBAC and admission are what a cluster would do.
+The API server is the real one: schema and CEL validation, the status subresource,
+watches, RBAC and admission (Pod Security included) are what a cluster would do.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import secrets
 import shutil
@@ -33,30 +36,40 @@ from pathlib import Path
 
 import yaml
 
-from .binaries import CONTROL_PLANE, ensure_binaries
+from .binaries import CONTROL_PLANE, ensure_binaries, kubernetes_version
+from .pki import Authority
 from .processes import ProcessGroup, free_port
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 CRD_DIR = REPO / "crds"
+SERVICE_RANGE = "10.96.0.0/16"     # a Service per model: room for thousands
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+POD_RANGE = "10.244.0.0/16"        # a /24 per node, handed out by the controller-manager
 
 
 class ControlPlane:
     def __init__(self, state_dir: Path | None = None, extra_apiserver_flags: list[str] = (),
-                 node_name: str | None = None, extra_users: dict[str, str] | None = None):
+                 node_names: list[str] = (), extra_users: dict[str, str] | None = None,
+                 version: str | None = None, advertise_address: str | None = None):
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="resident-cp-"))
+        self.version = version or kubernetes_version()
         self.extra_apiserver_flags = list(extra_apiserver_flags)
+        self.advertise_address = advertise_address
         self.token = secrets.token_hex(16)
         self.port = 0
         self.kubeconfig = str(self.state_dir / "kubeconfig")
-        self.node_name = node_name
-        self.node_token = secrets.token_hex(16)
-        self.node_kubeconfig = str(self.state_dir / "node.kubeconfig")
-        self.kubelet_client_ca = self.state_dir / "kubelet-client-ca.crt"
+        self.pki = self.state_dir / "pki"
+        self.ca_cert = self.pki / "ca.crt"
         self.processes = ProcessGroup(self.state_dir / "logs")
-        # more static-token users ({user: group}), e.g. so an audit log can tell clients apart
+        # static-token users: {user: (token, group)}; nodes and kube-proxy are users too
         self.user_tokens = {user: (secrets.token_hex(16), group)
                             for user, group in (extra_users or {}).items()}
+        self.node_names = list(node_names)
+        for name in self.node_names:
+            self.user_tokens[f"system:node:{name}"] = (secrets.token_hex(16), "system:nodes")
+        if self.node_names:
+            self.user_tokens["system:kube-proxy"] = (secrets.token_hex(16), "system:node-proxier")
 
     @property
     def server(self) -> str:
@@ -64,10 +77,10 @@ class ControlPlane:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "ControlPlane":
-        self.bin_dir = bins = ensure_binaries(CONTROL_PLANE)
+        self.bin_dir = bins = ensure_binaries(CONTROL_PLANE, self.version)
+        self.port = free_port()
         self._make_credentials()
         etcd_port, peer_port = free_port(), free_port()
-        self.port = free_port()
         self.processes.start("etcd", [
             "etcd", "--data-dir", str(self.state_dir / "etcd"), "--name", "resident",
             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -76,31 +89,37 @@ class ControlPlane:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
             "--initial-cluster", f"resident=http://127.0.0.1:{peer_port}",
         ])
-        d = self.state_dir
+        d, pki = self.state_dir, self.pki
         self.processes.start("kube-apiserver", [
             str(bins / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.port}", "--advertise-address=127.0.0.1",
-            f"--cert-dir={d / 'certs'}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--advertise-address={self.advertise_address or '127.0.0.1'}",
+            # with nodes, the kubernetes Service's endpoint is the advertised address; without,
+            # no Pod runs and a loopback endpoint would be refused, so none is written
+            f"--endpoint-reconciler-type={'lease' if self.advertise_address else 'none'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={self.ca_cert}",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
             f"--token-auth-file={d / 'tokens.csv'}",
-            f"--authorization-mode={'Node,RBAC' if self.node_name else 'RBAC'}",
-            "--service-cluster-ip-range=10.0.0.0/16",   # a Service per model: room for thousands
-            "--allow-privileged=true", "--endpoint-reconciler-type=none",
+            f"--authorization-mode={'Node,RBAC' if self.node_names else 'RBAC'}",
+            f"--service-cluster-ip-range={SERVICE_RANGE}",
+            "--allow-privileged=true",
             *self._kubelet_facing_flags(),
             *self.extra_apiserver_flags,
         ])
-        self._write_kubeconfig()
-        if self.node_name:
-            self.write_kubeconfig(self.node_kubeconfig, self.node_token, f"system:node:{self.node_name}")
+        self.write_kubeconfig(self.kubeconfig, self.token, "admin")
         self._wait_ready(timeout)
-        common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--port=0", "--secure-port=0"]
+        common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--secure-port=0"]
+        nodes = ["--allocate-node-cidrs=true", f"--cluster-cidr={POD_RANGE}", "--node-cidr-mask-size=24",
+                 ] if self.node_names else []
         self.processes.start("kube-controller-manager", [
-            str(bins / "kube-controller-manager"), *common,
+            str(bins / "kube-controller-manager"), *common, *nodes,
+            f"--service-cluster-ip-range={SERVICE_RANGE}",
             f"--service-account-private-key-file={d / 'sa.key'}",
-            f"--root-ca-file={d / 'certs' / 'apiserver.crt'}",
+            f"--root-ca-file={self.ca_cert}",
             "--use-service-account-credentials=false", "--controllers=*,-csrsigning",
         ])
         self.processes.start("kube-scheduler", [str(bins / "kube-scheduler"), *common])
@@ -129,60 +148,53 @@ class ControlPlane:
     # -- set-up pieces ---------------------------------------------------------------
     def _make_credentials(self) -> None:
         d = self.state_dir
-        (d / "certs").mkdir(parents=True, exist_ok=True)
+        d.mkdir(parents=True, exist_ok=True)
         subprocess.run(["openssl", "genrsa", "-out", str(d / "sa.key"), "2048"],
                        check=True, capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub")],
                        check=True, capture_output=True)
+        self.authority = Authority(self.pki)
+        hosts = ["127.0.0.1", KUBERNETES_SERVICE_IP, "localhost", "kubernetes", "kubernetes.default",
+                 "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"]
+        if self.advertise_address:
+            hosts.append(self.advertise_address)
+        self.authority.issue("apiserver", "kube-apiserver", hosts=hosts, server=True)
+        if self.node_names:
+            self.authority.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                 organization="system:masters", client=True)
         tokens = f"{self.token},admin,admin,system:masters\n"
         for user, (token, group) in self.user_tokens.items():
             tokens += f"{token},{user},{user},{group}\n"
-        if self.node_name:
-            tokens += f"{self.node_token},system:node:{self.node_name},node:{self.node_name},system:nodes\n"
-            self._make_kubelet_client_cert()
         (d / "tokens.csv").write_text(tokens)
 
-    def _make_kubelet_client_cert(self) -> None:
-        """A CA the kubelet trusts, and the API server's client certificate signed by it."""
-        d = self.state_dir
-
-        def openssl(*args: str) -> None:
-            subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                "-keyout", str(d / "kubelet-client-ca.key"), "-out", str(self.kubelet_client_ca),
-                "-subj", "/CN=resident-local-kubelet-client-ca")
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "apiserver-kubelet-client.key"),
-                "-out", str(d / "apiserver-kubelet-client.csr"), "-subj", "/O=system:masters/CN=kube-apiserver")
-        openssl("x509", "-req", "-in", str(d / "apiserver-kubelet-client.csr"), "-days", "2",
-                "-CA", str(self.kubelet_client_ca), "-CAkey", str(d / "kubelet-client-ca.key"),
-                "-CAcreateserial", "-out", str(d / "apiserver-kubelet-client.crt"))
-
     def _kubelet_facing_flags(self) -> list[str]:
-        if not self.node_name:
+        if not self.node_names:
             return []
-        d = self.state_dir
-        return ["--kubelet-preferred-address-types=Hostname,InternalIP",
-                f"--kubelet-client-certificate={d / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={d / 'apiserver-kubelet-client.key'}"]
+        return ["--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={self.pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={self.pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={self.ca_cert}"]
 
-    def _write_kubeconfig(self) -> None:
-        self.write_kubeconfig(self.kubeconfig, self.token, "admin")
-
-    def write_kubeconfig(self, path: str, token: str, user: str) -> None:
-        """A kubeconfig for this server that authenticates with a static ``token``."""
+    def write_kubeconfig(self, path: str, token: str, user: str, server: str | None = None) -> None:
+        """A kubeconfig for this server that authenticates with a static ``token`` and
+        verifies the server against the cluster's CA (``server`` defaults to loopback)."""
+        ca = base64.b64encode(self.ca_cert.read_bytes()).decode()
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "resident-local",
             "clusters": [{"name": "resident-local",
-                          "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}],
+                          "cluster": {"server": server or self.server, "certificate-authority-data": ca}}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": "resident-local",
                           "context": {"cluster": "resident-local", "user": user}}],
         }
         Path(path).write_text(yaml.safe_dump(config))
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context that trusts this cluster's CA (and nothing else)."""
+        return ssl.create_default_context(cafile=str(self.ca_cert))
+
     def _wait_ready(self, timeout: float) -> None:
-        ctx = ssl._create_unverified_context()  # self-signed serving cert of a loopback server
+        ctx = self.ssl_context()
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
@@ -202,13 +214,9 @@ class ControlPlane:
 
     # -- clients ---------------------------------------------------------------------
     def api_client(self):
-        """A kubernetes client for this server (its certificate is self-signed, on loopback)."""
-        import warnings
-
+        """A kubernetes client for this server, verifying it against the cluster's CA."""
         from kubernetes import config
-        from urllib3.exceptions import InsecureRequestWarning
 
-        warnings.filterwarnings("ignore", category=InsecureRequestWarning)
         return config.new_client_from_config(config_file=self.kubeconfig)
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
