@@ -41,7 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .binaries import apt_install, build_lock, cache_root
+from .binaries import apt_install
+from .gobuild import build_lock, cache_root
 from .oci_layout import ContainerConfig, Layer, image_manifest, pack_layer, write_image_layout
 from .rootfs import DEBIAN_PACKAGES, DPKG_OPTIONS, MIRROR, SUITE, USER_ID, VENV, build_rootfs_tar, python_requirements
 from .torch_layer import build_torch_layer_tar, torch_requirements
@@ -100,6 +101,41 @@ def pause_image(cache: Path | None = None) -> tuple[str, Path]:
         layer = pack_layer(layer_tar, Path(tmp) / "layer.tar.gz")
         write_image_layout(out, name, [layer], ContainerConfig(env=["PATH=/bin"], entrypoint=PAUSE_COMMAND))
     log.info("built pause image", extra={"image": name, "tarball": str(out)})
+    return name, out
+
+
+# -- static binaries -------------------------------------------------------------------
+def static_image(kind: str, binaries: dict[str, Path], entrypoint: list[str], cache: Path | None = None,
+                 user: str = "65532:65532") -> tuple[str, Path]:
+    """An image of static binaries only (``/usr/local/bin/<name>``), run as ``user``, for the
+    cluster's Go parts (CoreDNS, the CSI sidecars): (name, layout tarball). Keyed by the
+    binaries' bytes."""
+    cache = cache or images_dir()
+    digests = {n: hashlib.sha256(Path(b).read_bytes()).hexdigest() for n, b in sorted(binaries.items())}
+    key = _key(RECIPE, kind, digests, entrypoint, user)
+    name, out = f"resident.local/{kind}:{key}", cache / f"{kind}-{key}.oci.tar"
+    if out.exists():
+        return name, out
+    with build_lock(cache), tempfile.TemporaryDirectory(prefix=f"resident-{kind}-", dir=cache) as tmp:
+        if out.exists():
+            return name, out
+        layer_tar = Path(tmp) / "layer.tar"
+        with tarfile.open(layer_tar, "w", format=tarfile.PAX_FORMAT) as tar:
+            for directory in ("etc", "tmp", "usr", "usr/local", "usr/local/bin"):
+                info = tarfile.TarInfo(directory)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755, 0
+                tar.addfile(info)
+            for binary_name, path in sorted(binaries.items()):
+                info = tar.gettarinfo(str(path), f"usr/local/bin/{binary_name}")
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                info.mode, info.mtime = 0o755, 0
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+        layer = pack_layer(layer_tar, Path(tmp) / "layer.tar.gz")
+        write_image_layout(out, name, [layer], ContainerConfig(env=["PATH=/usr/local/bin"], entrypoint=entrypoint,
+                                                               user=user))
+    log.info("built image", extra={"image": name, "tarball": str(out)})
     return name, out
 
 
