@@ -7,10 +7,10 @@ same digest), publishes it to a bundle server of its own (the http layout of
 the defaults that is exactly ``examples/residentmodel.yaml``; a test keeps the two equal.
 
 It serves until Ctrl-C or SIGTERM, then removes what it generated (unless ``--dir`` named a
-directory to keep). It binds 127.0.0.1 by default, which is right where the operator and
-the bridge run with hostNetwork on the same machine (the project's local node). For a
-cluster, bind the node's address (``--host 0.0.0.0``) and say how the cluster reaches it
-(``--url http://NODE_IP:8700``).
+directory to keep). It binds 127.0.0.1 by default and names the source as the project's
+local cluster reaches it: that cluster's nodes call this machine's ``127.0.0.1:8700`` at
+``10.200.0.1:8700`` (docs/local-cluster.md). For another cluster, bind an address its nodes
+reach (``--host 0.0.0.0``) and say which (``--url http://ADDRESS:8700``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ NAME = "tiny-lm"
 SIZE = 4 * 1024 * 1024
 SEED = 0
 PORT = 8700
+# the address the project's local cluster (localcluster.network) reaches this machine at
+LOCAL_CLUSTER_MACHINE = "10.200.0.1"
 MODEL_YAML = """\
 # The README's first model: a {size} demo model on the cpu backend.
 # `resident bundle serve-demo` generates this bundle, serves it at the source below and
@@ -85,8 +87,9 @@ def add_arguments(sp: argparse.ArgumentParser, size_type=int) -> None:
     sp.add_argument("--seed", type=int, default=SEED, help="generator seed (default 0)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     sp.add_argument("--port", type=int, default=PORT, help=f"TCP port (default {PORT}; 0 picks one)")
-    sp.add_argument("--url", default="", help="base URL the cluster reaches this server at "
-                                              "(default http://HOST:PORT)")
+    sp.add_argument("--url", default="", help="base URL the cluster reaches this server at (default: "
+                                              f"http://{LOCAL_CLUSTER_MACHINE}:PORT, where the project's local "
+                                              "cluster reaches this machine's 127.0.0.1:PORT)")
     sp.add_argument("--dir", default="", help="keep the bundle and the served files here "
                                               "(default: a temporary directory, removed on exit)")
 
@@ -95,7 +98,7 @@ def _publish(args: argparse.Namespace, work: Path, port: int) -> None:
     """Generate the bundle, push it to our own server, print the ResidentModel."""
     bundle = generate(work, args.name, args.size, args.seed)
     push(bundle, source_url(f"http://127.0.0.1:{port}", args.name))
-    base = args.url or f"http://{args.host}:{port}"
+    base = args.url or f"http://{LOCAL_CLUSTER_MACHINE}:{port}"
     print(model_yaml(args.name, source_url(base, args.name), read_manifest(bundle).digest,
                      args.size), flush=True)
     print(f"# serving {source_url(base, args.name)} from {work}; Ctrl-C stops it",

@@ -1,4 +1,10 @@
-"""containerd for the local node: Debian's containerd + runc, its CRI plugin, loopback-only CNI.
+"""containerd for a local node: containerd 2 built from its Go module, Debian's runc, its CRI plugin, the Pod network.
+
+kubelet 1.36 and newer ask the runtime for its cgroup driver (the CRI ``RuntimeConfig``
+call, added in containerd 2.0) and refuse to start without it; Debian 12 ships containerd
+1.6. So containerd, its runc shim and ``ctr`` are built from
+``github.com/containerd/containerd/v2`` (:func:`containerd_build`, once per machine, cached
+by version like Kubernetes); runc stays Debian's.
 
 The daemon gets paths of its own, so it never meets a containerd the machine may run:
 its socket and state under ``/run/resident/containerd``, its content and snapshots under
@@ -12,10 +18,14 @@ The CRI settings that matter here:
 - ``restrict_oom_score_adj = true``: root on these machines lacks CAP_SYS_RESOURCE;
   without it every sandbox fails in runc with "can't get final child's PID from pipe".
 - the sandbox image is our own pause image (:func:`localcluster.images.pause_image`);
-- CNI has one network, ``lo-only``, with just the ``loopback`` plugin. Pods that need to
-  talk use ``hostNetwork: true`` and loopback addresses; no bridge, no pod CIDR, no
-  traffic to any non-loopback address.
-- the CRI streaming server (exec, attach, port-forward) binds 127.0.0.1.
+- CNI: the Pod network (:func:`pod_network_config`), the reference ``bridge`` and
+  ``host-local`` plugins from Debian's ``containernetworking-plugins``: each Pod gets an
+  address in its node's Pod range on the bridge ``cni0``, whose gateway is the node. The
+  config is written once the controller-manager has given the node its range (containerd
+  reads its CNI directory as it changes); until then the node is not Ready.
+- the daemon runs in its node's network namespace (:mod:`localcluster.network`), so the
+  ``cni0`` bridge and host-network Pods are the node's, not the machine's;
+- the CRI streaming server (exec, attach, port-forward) binds the node's 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .gobuild import GoBuild, ensure_built
 from .oci_layout import image_names
 from .processes import ProcessGroup
 
@@ -36,8 +47,27 @@ ROOT = Path("/var/lib/resident/containerd")
 STATE = Path("/run/resident/containerd")
 NAMESPACE = "k8s.io"
 CNI_BIN_DIR = "/usr/lib/cni"
-PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static", "iptables")
-LOOPBACK_ONLY_CNI = {"cniVersion": "0.4.0", "name": "lo-only", "plugins": [{"type": "loopback"}]}
+PACKAGES = ("runc", "containernetworking-plugins", "busybox-static", "iptables")
+CONTAINERD_VERSION = "2.4.2"
+
+
+def containerd_build() -> GoBuild:
+    module = "github.com/containerd/containerd/v2"
+    return GoBuild(name=f"containerd-{CONTAINERD_VERSION}", requires={module: f"v{CONTAINERD_VERSION}"},
+                   commands={c: f"{module}/cmd/{c}" for c in ("containerd", "containerd-shim-runc-v2", "ctr")},
+                   ldflags=f"-s -w -X {module}/version.Version=v{CONTAINERD_VERSION}", log="containerd-build.log",
+                   what=f"building containerd {CONTAINERD_VERSION} from its Go module (first run, about 5 min)")
+POD_NETWORK = "resident-pods"
+
+
+def pod_network_config(pod_range: str) -> dict:
+    """The CNI network list for a node whose Pods take addresses from ``pod_range``; pure."""
+    return {"cniVersion": "1.0.0", "name": POD_NETWORK, "plugins": [{
+        "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
+        # a Pod may reach itself through its own Service
+        "hairpinMode": True,
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_range}]], "routes": [{"dst": "0.0.0.0/0"}]},
+    }]}
 
 
 class ImageImportError(RuntimeError):
@@ -85,8 +115,11 @@ oom_score = 0
 class Containerd:
     """One containerd daemon, started through a :class:`ProcessGroup` and stopped by PID."""
 
-    def __init__(self, processes: ProcessGroup, sandbox_image: str, root: Path = ROOT, state: Path = STATE):
+    def __init__(self, processes: ProcessGroup, sandbox_image: str, root: Path = ROOT, state: Path = STATE,
+                 enter: list[str] = ()):
         self.processes, self.sandbox_image = processes, sandbox_image
+        self.enter = list(enter)   # the argv prefix that puts the daemon in its node's network
+        self.bin_dir = ensure_built(containerd_build())
         self.root, self.state = root, state
         self.socket = state / "containerd.sock"
         self.cni_conf_dir = state.parent / "cni" / "net.d"
@@ -95,10 +128,14 @@ class Containerd:
     def start(self, timeout: float = 30.0) -> None:
         for d in (self.root, self.state, self.cni_conf_dir):
             d.mkdir(parents=True, exist_ok=True)
-        (self.cni_conf_dir / "10-lo-only.conflist").write_text(json.dumps(LOOPBACK_ONLY_CNI))
+        for stale in self.cni_conf_dir.glob("*.conflist"):
+            stale.unlink()
         config = self.state.parent / "containerd.toml"
         config.write_text(containerd_config(self.root, self.state, self.socket, self.sandbox_image, self.cni_conf_dir))
-        self.proc = self.processes.start("containerd", ["containerd", "--config", str(config)])
+        # the daemon finds its runc shim on PATH
+        env = dict(os.environ, PATH=f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        self.proc = self.processes.start("containerd", [*self.enter, str(self.bin_dir / "containerd"),
+                                                        "--config", str(config)], env=env)
         deadline = time.monotonic() + timeout
         while self.ctr("version", check=False).returncode != 0:
             self.processes.check_alive()
@@ -108,12 +145,18 @@ class Containerd:
             time.sleep(0.2)
         log.info("containerd ready", extra={"socket": str(self.socket), "pid": self.proc.pid})
 
+    def write_pod_network(self, pod_range: str) -> None:
+        """Give the node's Pods addresses from ``pod_range`` (written whole, then renamed)."""
+        tmp = self.cni_conf_dir / ".pods.tmp"
+        tmp.write_text(json.dumps(pod_network_config(pod_range)))
+        tmp.rename(self.cni_conf_dir / "10-pods.conflist")
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        proc = subprocess.run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args],
+        proc = subprocess.run([str(self.bin_dir / "ctr"), "--address", str(self.socket), "-n", NAMESPACE, *args],
                               capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise RuntimeError(f"ctr {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")

@@ -1,13 +1,15 @@
 """The main job: Resident's whole flow on a real single-node cluster on this machine.
 
-1. Bring up the local cluster (etcd, kube-apiserver, controller-manager, scheduler,
-   containerd, kubelet; built from Debian sources once, then cached).
+1. Bring up the local cluster: etcd, kube-apiserver, controller-manager, scheduler, and a
+   node (containerd, kubelet, kube-proxy) in a network namespace of its own with a Pod
+   network and cluster DNS. Kubernetes is built from its Go modules once, then cached.
 2. Install Resident with its Helm chart: the operator Deployment, the bridge DaemonSet
    (registered with kubelet as CSI driver bundles.resident.dev), the CRDs.
-3. Generate a demo model in four revisions and push them to a bundle server on 127.0.0.1.
+3. Generate a demo model in four revisions and push them to a bundle server on 127.0.0.1,
+   which the cluster reaches at this machine's address on the cluster network.
 4. Apply a ResidentModel (cpu backend), wait until it is Ready, and complete a prompt as
-   an application would: an OpenAI request through the model's Service (on this node,
-   which runs no kube-proxy, sent to the Service's ready endpoint).
+   an application would: an OpenAI request to the model's Service, at its ClusterIP
+   (kube-proxy picks the owner).
 5. Three transitions: graph-only, in place (rows), whole bundle rebased on the donor.
    A table of each transition's path, bytes and durations, from the model's status.
 6. Delete the model and show that no Pod, BundleDelivery, lease or mount is left.
@@ -56,7 +58,7 @@ def show_completion(story: Story, prompt: str, letter: str, facts: DemoFacts) ->
     endpoint = story.get()["status"]["endpoint"]
     digest = answer["system_fingerprint"]
     facts.answers.append((letter, digest))
-    detail(f"POST {endpoint}/v1/completions (on this node: its endpoint {address})\n"
+    detail(f"POST {endpoint}/v1/completions (its ClusterIP {address})\n"
            f"-> {answer['choices'][0]['text']!r} from revision {letter} {digest[:19]}"
            f"{' (random weights)' if facts.backend == 'cpu' else ''}")
 
@@ -130,12 +132,12 @@ def run(size_mib: int, work: Path, keep: bool, backend: str = "cpu") -> int:
     model = demo_model(backend, work, size_mib)
     facts = DemoFacts(f"{NAMESPACE}/{NAME}", backend, size_mib)
 
-    stamp("starting the local cluster on 127.0.0.1 (the first run on a machine builds Kubernetes: 5-10 min) ...")
+    stamp("starting the local cluster (the first run on a machine builds Kubernetes: about 20 min) ...")
     cluster = LocalCluster()
-    with cluster, BundleServer(work / "served", work / "logs") as server:
+    with cluster, BundleServer(work / "served", work / "logs", cluster=cluster) as server:
         waited = cluster.timings.get("lock_wait_seconds", 0)
-        stamp(f"cluster up in {duration(cluster.timings['start_seconds'])}: node {cluster.node_name} Ready, "
-              f"API {cluster.server}" + (f" (first waited {duration(waited)} for another run on this node)"
+        stamp(f"cluster up in {duration(cluster.timings['start_seconds'])}: Kubernetes {cluster.version}, "
+              f"node {cluster.node_name} Ready at {cluster.node.address}, API {cluster.server}" + (f" (first waited {duration(waited)} for another run on this node)"
                                          if waited >= 1 else ""))
         for bundle_dir in model.dirs.values():
             server.push(bundle_dir)

@@ -58,7 +58,6 @@ PAUSE_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 360
 IMAGE_PACKAGES = ("mmdebstrap", "busybox-static", "git")
 KEEP_PROJECT_IMAGES = 3
 KEEP_TORCH_IMAGES = 2   # owner-torch images and torch layers, each counted apart from the above
-IMAGE_KINDS = ("pause", "resident", "owner-torch")
 PROJECT_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -310,9 +309,9 @@ def cached_image_names(cache: Path | None = None) -> set[str]:
     """Names of the images whose tarballs the cache still holds (older ones were pruned)."""
     cache = cache or images_dir()
     names = set()
-    for kind in IMAGE_KINDS:
-        for path in cache.glob(f"{kind}-*.oci.tar"):
-            names.add(f"resident.local/{kind}:{path.name[len(kind) + 1:-len('.oci.tar')]}")
+    for path in cache.glob("*.oci.tar"):      # <kind>-<key>.oci.tar; a kind may hold dashes
+        kind, _, key = path.name[:-len(".oci.tar")].rpartition("-")
+        names.add(f"resident.local/{kind}:{key}")
     return names
 
 

@@ -4,9 +4,8 @@ The project image (operator, bridge and owner in one) is built from Debian packa
 the wheel and imported into the node's containerd (:mod:`localcluster.images`; the same
 image ``scripts/images --out DIR`` hands users for their registry); then
 ``charts/resident`` is installed with Helm's own library (:mod:`charts.helmenv`) and
-the values a single-node cluster without a Pod network needs: hostNetwork everywhere,
-endpoints on 127.0.0.1, owners and the API server reached at 127.0.0.1, and the bridge serving kubelet's
-plugin-registration socket itself (no node-driver-registrar image is available here).
+the chart's defaults: the local cluster has a Pod network, Services and cluster DNS, so
+only the image (imported, never pulled) and the bridge's store directory are set.
 :func:`install` returns when the operator runs and kubelet has registered the driver.
 """
 
@@ -28,31 +27,18 @@ DRIVER = "bundles.resident.dev"
 NAMESPACE = "resident-system"
 RELEASE = "resident"
 CRDS = ["residentmodels.resident.dev", "bundledeliveries.resident.dev"]
-# Owners bind their port on the node (hostNetwork), so the operator's and the bridge's
-# own endpoints stay clear of the owners' default 8080.
-OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT, BRIDGE_METRICS_PORT = 18080, 19090, 19810
 
 
-def local_values(image: str, api_port: int, bridge_root: Path) -> dict:
+def local_values(image: str, bridge_root: Path) -> dict:
+    """The chart values for the local cluster: the chart's defaults (Pod network, owners at
+    their Pod IPs, in-cluster API access through the ``kubernetes`` Service), with the image
+    imported by hand and the bridge's store where this cluster keeps it."""
     repository, tag = image.rsplit(":", 1)
-    ref = {"repository": repository, "tag": tag}
-    # No service network here: in-cluster clients reach the API server on the node's loopback.
-    api_env = [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-               {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}]
     return {
-        "image": {**ref, "pullPolicy": "Never"},
-        "operator": {
-            "hostNetwork": True, "bindAddress": "127.0.0.1",
-            "healthPort": OPERATOR_HEALTH_PORT, "metricsPort": OPERATOR_METRICS_PORT,
-            # no owner image: the chart's default, the project image, as for users
-            "owner": {"hostNetwork": True, "host": "127.0.0.1"},
-            "extraEnv": api_env,
-        },
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "bridge": {
-            "hostNetwork": True, "bindAddress": "127.0.0.1", "metricsPort": BRIDGE_METRICS_PORT,
             "storeDir": str(bridge_root),
             "registration": {"mode": "builtin"}, "livenessProbe": {"enabled": False},
-            "extraEnv": api_env,
         },
     }
 
@@ -86,7 +72,7 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
     # a store of this cluster's own, so every run delivers from scratch; it goes with the
     # cluster (a caller may give another directory, e.g. an XFS mount for reflink)
     bridge_root = bridge_root or cluster.state_dir / "bridge"
-    helm.install(release, values=local_values(image, cluster.port, bridge_root))
+    helm.install(release, values=local_values(image, bridge_root))
     cluster.wait_established(CRDS)
     wait_ready(cluster, namespace, timeout)
     return Installation(image, namespace, release, helm, bridge_root)

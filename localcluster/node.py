@@ -1,23 +1,30 @@
-"""A real single-node Kubernetes cluster on loopback: the local control plane plus containerd and
-a kubelet, used by the end-to-end tests and the demo.
+"""A real Kubernetes cluster on this machine: the local control plane plus a node (containerd,
+kubelet, kube-proxy) in a network namespace of its own, with a Pod network and cluster DNS;
+used by the end-to-end tests and the demo.
 
 ``with LocalCluster() as c:`` takes the machine-wide node lock, restores the machine if
 an earlier run died before its teardown, records the host state
 (:mod:`localcluster.teardown`), starts the control plane (:class:`ControlPlane` with
-Node authorization), containerd (:mod:`localcluster.containerd`) with our pause image,
-and the kubelet (:mod:`localcluster.kubelet`), then waits until the node is Ready and the
-``default`` ServiceAccount has its token. Pods must use ``hostNetwork: true``: the only
-CNI network is loopback. A process on the node reaches a hostNetwork Pod at
-``127.0.0.1:<port>``; that is the explicit single-node setting the operator uses, never
-the node's InternalIP.
+Node authorization), lays the cluster network (:mod:`localcluster.network`: the node's
+namespace on a bridge, Pod and Service ranges routed to it), starts containerd
+(:mod:`localcluster.containerd`) with our pause image and the kubelet
+(:mod:`localcluster.kubelet`) in the node's namespace, gives the node's Pods their
+network once the controller-manager has handed the node its Pod range, starts kube-proxy
+(:mod:`localcluster.kube_proxy`), and waits until the node is Ready; then it runs cluster
+DNS (:mod:`localcluster.cluster_dns`) and waits until it answers and the ``default``
+ServiceAccount exists.
+
+Pods get their own addresses; Services work through their ClusterIPs, from Pods, from the
+node, and from this machine (the demo and the tests call models that way). Pods may still
+ask for ``hostNetwork: true``: they then share the node's namespace, not the machine's.
 
 :meth:`LocalCluster.stop` (also on exit, on SIGTERM and after a failed start) undoes it
 all, in an order that lets every component clean up after itself: Pods are deleted first
-and awaited, so kubelet unpublishes CSI volumes while the plugin still runs; then kubelet
-stops; containerd's tasks are killed and its containers removed before containerd stops;
-leftover shims are ended by PID; the control plane stops; finally the host record is
-restored: mounts under ``/var/lib/kubelet`` unmounted deepest first, sysctls written
-back, added iptables chains and kubepods cgroups removed.
+and awaited, so kubelet unpublishes CSI volumes while the plugin still runs; then kube-proxy
+and kubelet stop; containerd's tasks are killed and its containers removed before containerd
+stops; leftover shims are ended by PID; the control plane stops; the network goes; finally
+the host record is restored: mounts under ``/var/lib/kubelet`` unmounted deepest first,
+sysctls written back, added iptables rules and kubepods cgroups removed.
 
 One node per machine: the kubelet's root dir is ``/var/lib/kubelet`` (CSI plugins need
 that path), so a second LocalCluster waits for the lock (``lock_timeout``) and then
@@ -28,9 +35,12 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import ipaddress
+import json
 import logging
 import os
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -40,11 +50,15 @@ from typing import Callable
 import yaml
 
 from .binaries import CONTROL_PLANE, NODE, apt_install, ensure_binaries
-from .containerd import PACKAGES, ROOT as CONTAINERD_ROOT, STATE as CONTAINERD_STATE, Containerd
-from .controlplane import ControlPlane
+from .cluster_dns import NAME as DNS_NAME, NAMESPACE as DNS_NAMESPACE, coredns_image, dns_manifests
+from .containerd import PACKAGES, ROOT as CONTAINERD_ROOT, STATE as CONTAINERD_STATE, Containerd, containerd_build
+from .gobuild import ensure_built
+from .controlplane import POD_RANGE, ControlPlane
 from .images import cached_image_names, pause_image, project_image
-from .kubelet import ROOT_DIR as KUBELET_ROOT, default_node_name, kubelet_argv, kubelet_config
-from .processes import ProcessGroup, free_port
+from .kube_proxy import kube_proxy_argv, kube_proxy_config
+from .kubelet import ROOT_DIR as KUBELET_ROOT, kubelet_argv, kubelet_config
+from .network import BRIDGE, MACHINE_ADDRESS, ClusterNetwork, NodeAddress
+from .processes import ProcessGroup
 from .drain import drain_pods
 from .teardown import NODE_LOCK, RECORD, HostRecord, restore, take_record
 
@@ -52,6 +66,9 @@ log = logging.getLogger(__name__)
 
 LOCK = NODE_LOCK
 MANAGED_PREFIXES = [str(KUBELET_ROOT), str(CONTAINERD_ROOT), str(CONTAINERD_STATE.parent), "/run/netns"]
+NODE_PACKAGES = (*PACKAGES, "conntrack")
+DEFAULT_NODE_NAME = "node-0"
+DEMO_SOURCE_PORT = 8700
 
 
 class LocalClusterBusy(RuntimeError):
@@ -76,10 +93,13 @@ class _RecordingGroup(ProcessGroup):
 
 
 class LocalCluster(ControlPlane):
-    def __init__(self, state_dir: Path | None = None, node_name: str | None = None,
+    def __init__(self, state_dir: Path | None = None, node_name: str = DEFAULT_NODE_NAME,
                  node_ready_timeout: float = 120.0, lock_timeout: float = 900.0,
-                 extra_kubelet_flags: list[str] = (), drain_timeout: float = 60.0):
-        super().__init__(state_dir=state_dir, node_name=node_name or default_node_name())
+                 extra_kubelet_flags: list[str] = (), drain_timeout: float = 60.0, version: str | None = None):
+        super().__init__(state_dir=state_dir, node_names=[node_name], version=version,
+                         advertise_address=MACHINE_ADDRESS)
+        self.node_name = node_name
+        self.node = NodeAddress(node_name, 0)
         logs = self.state_dir / "logs"
         self.processes = _RecordingGroup(logs, on_start=self._record_process)
         self.runtime_processes = _RecordingGroup(logs, on_start=self._record_process)
@@ -88,6 +108,7 @@ class LocalCluster(ControlPlane):
         self.drain_timeout = drain_timeout
         self.extra_kubelet_flags = list(extra_kubelet_flags)
         self.containerd: Containerd | None = None
+        self.network: ClusterNetwork | None = None
         self.record: HostRecord | None = None
         self.leftovers: list[str] = []
         self.timings: dict[str, float] = {}
@@ -104,26 +125,41 @@ class LocalCluster(ControlPlane):
         self.timings["lock_wait_seconds"] = round(time.monotonic() - began, 2)
         began = time.monotonic()
         self._install_sigterm()
-        apt_install(PACKAGES)
-        ensure_binaries(CONTROL_PLANE + NODE)
+        apt_install(NODE_PACKAGES)
+        ensure_binaries(CONTROL_PLANE + NODE, self.version)
+        ensure_built(containerd_build())
+        dns_image = coredns_image()
         self._recover_earlier_run()
         self.record = take_record(MANAGED_PREFIXES)
         self.record.runtime_address = str(CONTAINERD_STATE / "containerd.sock")
         self.record.scratch_dirs = [str(self.state_dir)]
+        self.record.network = [BRIDGE, f"netns:{self.node.netns}"]   # before they exist: a crash still cleans
         self.record.save(RECORD)
         sandbox_image, sandbox_tar = pause_image()
         super().start(timeout)
         self.timings["control_plane_seconds"] = round(time.monotonic() - began, 2)
-        self.containerd = Containerd(self.runtime_processes, sandbox_image)
+        self.network = ClusterNetwork()
+        self.network.up()
+        self.network.expose(self.port)
+        self.network.expose(DEMO_SOURCE_PORT)   # `resident bundle serve-demo`, the README's first model
+        self.network.add_node(self.node)
+        self.containerd = Containerd(self.runtime_processes, sandbox_image, enter=self.node.enter())
         self.containerd.start()
         self.containerd.remove_workloads()   # containers an earlier, crashed run left behind
         # the image store follows the image cache: what the cache pruned goes here too
         self.containerd.prune_images("resident.local/", keep=cached_image_names())
         self.containerd.import_image(sandbox_tar)
-        self._start_kubelet(sandbox_image)
         kubelet_began = time.monotonic()
+        self._start_kubelet()
+        pod_range = self._wait_pod_range(self.node_ready_timeout)
+        self.containerd.write_pod_network(pod_range)
+        self.network.route_pods(self.node, pod_range)
+        self._start_kube_proxy()
         self._wait_node_ready(self.node_ready_timeout)
         self.timings["kubelet_to_ready_seconds"] = round(time.monotonic() - kubelet_began, 2)
+        dns_began = time.monotonic()
+        self._start_cluster_dns(dns_image)
+        self.timings["dns_seconds"] = round(time.monotonic() - dns_began, 2)
         self.wait_for_service_account("default")
         self.timings["start_seconds"] = round(time.monotonic() - began, 2)
         log.info("local cluster ready", extra={"node": self.node_name, "server": self.server, **self.timings})
@@ -156,7 +192,7 @@ class LocalCluster(ControlPlane):
             if self.port and self.kubelet_processes.children:
                 attempt("delete pods", lambda: drain_pods(self.api_client(), self.drain_timeout))
             lap("drain")
-            attempt("stop kubelet", self.kubelet_processes.stop)
+            attempt("stop kubelet and kube-proxy", self.kubelet_processes.stop)
             if self.containerd is not None:
                 attempt("remove containers", self.containerd.remove_workloads)
                 attempt("stop containerd", self.runtime_processes.stop)
@@ -164,6 +200,9 @@ class LocalCluster(ControlPlane):
             lap("node")
             attempt("stop control plane", super().stop)
             lap("control_plane")
+            if self.network is not None:
+                network, self.network = self.network, None
+                attempt("remove network", lambda: self.leftovers.extend(network.down()))
             if self.record is not None:
                 record, self.record = self.record, None
                 attempt("restore host", lambda: self.leftovers.extend(restore(record)))
@@ -184,19 +223,15 @@ class LocalCluster(ControlPlane):
         return self.containerd.import_image(Path(tarball))
 
     def operator_env(self, owner_image: str | None = None) -> dict[str, str]:
-        """Environment for an operator run against this cluster: the single-node setting.
-
-        Owners run with hostNetwork (the only network is loopback) and are reached at
-        127.0.0.1, never at the node's InternalIP (``RESIDENT_*`` as the operator reads them).
-        """
-        env = {"KUBECONFIG": self.kubeconfig, "RESIDENT_OWNER_HOST": "127.0.0.1",
-               "RESIDENT_OWNER_HOST_NETWORK": "true"}
+        """Environment for an operator run on this machine against this cluster. Owners are
+        reached at their Pod IPs, which this machine routes to the node."""
+        env = {"KUBECONFIG": self.kubeconfig}
         if owner_image:
             env["RESIDENT_OWNER_IMAGE"] = owner_image
         return env
 
     def wait_for_service_account(self, namespace: str, name: str = "default", timeout: float = 60.0) -> None:
-        """Wait until the ServiceAccount exists with its token Secret (Pods need both in 1.20)."""
+        """Wait until the ServiceAccount exists (Pods that name it are refused before)."""
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
@@ -204,15 +239,23 @@ class LocalCluster(ControlPlane):
         deadline = time.monotonic() + timeout
         while True:
             try:
-                account = core.read_namespaced_service_account(name, namespace)
-                if account.secrets:
-                    return
+                core.read_namespaced_service_account(name, namespace)
+                return
             except ApiException as e:
                 if e.status != 404:
                     raise
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ServiceAccount {namespace}/{name} has no token after {timeout}s")
+                raise TimeoutError(f"ServiceAccount {namespace}/{name} does not exist after {timeout}s")
             time.sleep(0.3)
+
+    def expose(self, port: int) -> str:
+        """Make a server on this machine's ``127.0.0.1:<port>`` reachable from the cluster
+        (the bridge, Pods); return the ``host:port`` the cluster calls it by."""
+        return self.network.expose(port)
+
+    def node_exec(self, argv: list[str], **run) -> subprocess.CompletedProcess:
+        """Run ``argv`` in the node's network namespace (as the node sees the network)."""
+        return subprocess.run([*self.node.enter(), *argv], **run)
 
     # -- pieces ----------------------------------------------------------------------
     def _record_process(self, name: str, proc) -> None:
@@ -274,13 +317,66 @@ class LocalCluster(ControlPlane):
         if remaining:
             raise TeardownIncomplete(f"cannot restore what an earlier run left: {remaining}")
 
-    def _start_kubelet(self, sandbox_image: str) -> None:
+    def _node_kubeconfig(self, user: str, file: str) -> str:
+        """A kubeconfig for a process in the node's namespace, which reaches the API server
+        at the machine's address on the node network."""
+        path = str(self.state_dir / file)
+        self.write_kubeconfig(path, self.user_tokens[user][0], user,
+                              server=f"https://{MACHINE_ADDRESS}:{self.port}")
+        return path
+
+    def _start_kubelet(self) -> None:
+        serving = self.authority.issue(f"kubelet-{self.node_name}", f"system:node:{self.node_name}",
+                                       hosts=[self.node.address, self.node_name], server=True)
         config = self.state_dir / "kubelet.yaml"
-        config.write_text(yaml.safe_dump(kubelet_config(free_port(), free_port(), self.kubelet_client_ca)))
+        config.write_text(yaml.safe_dump(kubelet_config(self.node.address, self.ca_cert, serving.cert, serving.key,
+                                                        self.containerd.socket)))
         KUBELET_ROOT.mkdir(parents=True, exist_ok=True)
-        self.kubelet_processes.start("kubelet", kubelet_argv(
-            self.bin_dir / "kubelet", config, self.node_kubeconfig, self.node_name, self.containerd.socket,
-            sandbox_image, extra=self.extra_kubelet_flags))
+        kubeconfig = self._node_kubeconfig(f"system:node:{self.node_name}", "kubelet.kubeconfig")
+        self.kubelet_processes.start("kubelet", [*self.node.enter(), *kubelet_argv(
+            self.bin_dir / "kubelet", config, kubeconfig, self.node_name, self.node.address,
+            extra=self.extra_kubelet_flags)])
+
+    def _start_kube_proxy(self) -> None:
+        config = self.state_dir / "kube-proxy.yaml"
+        kubeconfig = self._node_kubeconfig("system:kube-proxy", "kube-proxy.kubeconfig")
+        config.write_text(yaml.safe_dump(kube_proxy_config(kubeconfig, self.node_name, POD_RANGE)))
+        self.kubelet_processes.start("kube-proxy", [*self.node.enter(),
+                                                    *kube_proxy_argv(self.bin_dir / "kube-proxy", config)])
+
+    def _wait_pod_range(self, timeout: float) -> str:
+        """Wait until the node is registered and the controller-manager gave it a Pod range."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        core = client.CoreV1Api(self.api_client())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for group in (self.processes, self.runtime_processes, self.kubelet_processes):
+                group.check_alive()
+            try:
+                pod_range = core.read_node(self.node_name).spec.pod_cidr
+                if pod_range:
+                    ipaddress.ip_network(pod_range)
+                    return pod_range
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            time.sleep(0.3)
+        raise TimeoutError(f"node {self.node_name} has no Pod range after {timeout}s; kubelet log:\n"
+                           + self.kubelet_processes.log_tail("kubelet"))
+
+    def _start_cluster_dns(self, image: tuple[str, Path], timeout: float = 90.0) -> None:
+        """Run CoreDNS and wait until its Pod is Ready and its Service has the endpoint."""
+        name, tarball = image
+        self.import_image(tarball)
+        manifests = "\n---\n".join(json.dumps(m) for m in dns_manifests(name))
+        self.kubectl("apply", "-f", "-", input=manifests)
+        done = self.kubectl("rollout", "status", f"deployment/{DNS_NAME}", "-n", DNS_NAMESPACE,
+                            f"--timeout={int(timeout)}s", check=False)
+        if done.returncode:
+            pods = self.kubectl("get", "pods", "-n", DNS_NAMESPACE, "-o", "wide", check=False).stdout
+            raise TimeoutError(f"cluster DNS not ready after {timeout:.0f}s: {done.stderr.strip()}\n{pods}")
 
     def _wait_node_ready(self, timeout: float) -> None:
         from kubernetes import client

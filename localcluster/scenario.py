@@ -3,7 +3,8 @@
 A demo model is generated in four revisions: A (base), B (graph file changed), C (0.5% of
 the rows of the projection and LM-head tensors changed) and D (rows changed again). They
 are pushed to a real HTTP bundle server on 127.0.0.1 (``bundle.sources.httpserve``), which
-the operator and the bridge reach from their hostNetwork Pods. A ResidentModel on A is
+the operator and the bridge reach from their Pods at the machine's address on the cluster
+network (:meth:`localcluster.node.LocalCluster.expose`). A ResidentModel on A is
 applied; then three transitions run: A->B graph-only, B->C in place, and C->D as a whole
 bundle rebased on C with a reload. Every figure shown comes from the ResidentModel's
 status; the node-side checks read the bridge's SQLite databases (read-only) and
@@ -72,15 +73,22 @@ def make_hf_bundles(work: Path, size_bytes: int, fraction: float = 0.05) -> tupl
 class BundleServer:
     """``python -m bundle.sources.httpserve`` on 127.0.0.1, stopped by PID. With ``rate``
     (bytes per second) it is a slow source: the fault tests use one so that a transition
-    lasts long enough to be interrupted."""
+    lasts long enough to be interrupted. With a ``cluster``, :attr:`url` is the address the
+    cluster reaches it by (models name it as their source); :attr:`local_url` is this
+    machine's."""
 
-    def __init__(self, root: Path, log_dir: Path, rate: float | None = None):
+    def __init__(self, root: Path, log_dir: Path, rate: float | None = None, cluster=None):
         self.root, self.port, self.rate = root, free_port(), rate
+        self.cluster = cluster
         self.processes = ProcessGroup(log_dir)
 
     @property
-    def url(self) -> str:
+    def local_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cluster.expose(self.port)}" if self.cluster else self.local_url
 
     def __enter__(self) -> "BundleServer":
         rate = ["--rate", str(self.rate)] if self.rate else []
@@ -91,7 +99,7 @@ class BundleServer:
         while time.monotonic() < deadline:
             self.processes.check_alive()
             try:
-                requests.get(self.url + "/", timeout=1)
+                requests.get(self.local_url + "/", timeout=1)
                 return self
             except requests.ConnectionError:
                 time.sleep(0.1)
@@ -102,7 +110,7 @@ class BundleServer:
 
     def push(self, bundle_dir: Path) -> str:
         from bundle.sources import push
-        return push(bundle_dir, self.url)
+        return push(bundle_dir, self.local_url)
 
 
 def model_body(name: str, source: str, digest: str, port: int = 8080, image: str | None = None) -> dict:
@@ -183,24 +191,34 @@ class Story:
         secret = self.core.read_namespaced_secret(f"{self.name}-owner-token", self.namespace)
         return b64decode(secret.data["token"]).decode()
 
+    def owner_address(self, port: int = 8080) -> str:
+        """``ip:port`` of the model's (first) running owner, at its Pod IP."""
+        running = [p for p in self.owner_pods() if p.status.pod_ip and p.status.phase == "Running"]
+        if not running:
+            raise AssertionError(f"{self.namespace}/{self.name} has no running owner Pod")
+        return f"{running[0].status.pod_ip}:{port}"
+
+    def service_address(self) -> str:
+        """``clusterIP:port`` of the model's Service (port ``http``): what applications call."""
+        from .traffic import service_address
+        return service_address(self.core, self.namespace, self.name)
+
     def generate(self, prompt: str, max_tokens: int = 12, port: int = 8080) -> dict:
-        answer = requests.post(f"http://127.0.0.1:{port}/v1/generate", timeout=60,
+        """The owner's own smoke test, on its control port (with the model's token)."""
+        answer = requests.post(f"http://{self.owner_address(port)}/v1/generate", timeout=60,
                                headers={"Authorization": f"Bearer {self.token()}"},
                                json={"prompt": prompt, "maxTokens": max_tokens})
         answer.raise_for_status()
         return answer.json()
 
     def complete(self, prompt: str, max_tokens: int = 12) -> tuple[str, dict]:
-        """An OpenAI completion through the model's Service: sent, as kube-proxy would, to a
-        ready address of its Endpoints. Returns (address, answer)."""
-        from .traffic import EndpointsFollower
-        addresses = EndpointsFollower(self.core, self.namespace, self.name).read()
-        if not addresses:
-            raise AssertionError(f"Service {self.namespace}/{self.name} has no ready endpoint")
-        answer = requests.post(f"http://{addresses[0]}/v1/completions", timeout=60,
+        """An OpenAI completion through the model's Service, at its ClusterIP (kube-proxy
+        picks the owner). Returns (address, answer)."""
+        address = self.service_address()
+        answer = requests.post(f"http://{address}/v1/completions", timeout=60,
                                json={"model": self.name, "prompt": prompt, "max_tokens": max_tokens})
         answer.raise_for_status()
-        return addresses[0], answer.json()
+        return address, answer.json()
 
     # -- what kubelet says -----------------------------------------------------------
     def failed_mounts(self, pod: str | None = None) -> list[client.CoreV1Event]:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from . import network
+
 log = logging.getLogger(__name__)
 
 RECORD = Path("/run/resident/localcluster/host.json")
@@ -65,6 +67,8 @@ class HostRecord(BaseModel):
     # processes that name this address in their argv belong to the node too (containerd shims)
     runtime_address: str | None = None
     scratch_dirs: list[str] = Field(default_factory=list)
+    # the cluster network's links and namespaces ("netns:<name>"), named before they are made
+    network: list[str] = Field(default_factory=list)
     taken_by_pid: int
 
     def save(self, path: Path = RECORD) -> None:
@@ -80,7 +84,10 @@ class HostRecord(BaseModel):
         return cls.model_validate_json(path.read_text())
 
     def add_process(self, name: str, proc: subprocess.Popen, path: Path = RECORD) -> None:
-        self.processes.append(RecordedProcess(pid=proc.pid, argv0=str(proc.args[0]), name=name))
+        argv = [str(a) for a in proc.args]
+        if argv[0] == "nsenter":   # nsenter execs the command: that is what runs under this PID
+            argv = argv[argv.index("--") + 1:]
+        self.processes.append(RecordedProcess(pid=proc.pid, argv0=argv[0], name=name))
         self.save(path)
 
 
@@ -157,6 +164,7 @@ def leftovers(record: HostRecord) -> list[str]:
     for table, lines in rules.items():
         found += [f"{table}: {line}" for line in lines if line not in record.iptables_rules.get(table, [])]
     found += [f"cgroup {c}" for c in kubepods_cgroups() if c not in record.cgroups]
+    found += network.leftovers(record.network)
     found += [f"process {p.name} pid {p.pid}" for p in record.processes if _is_running(p)]
     if record.runtime_address:
         found += [f"process {p.argv0} pid {p.pid}" for p in runtime_helpers(record.runtime_address)
@@ -282,6 +290,7 @@ def restore(record: HostRecord, path: Path = RECORD) -> list[str]:
     """Undo everything the record does not show; return what could not be undone."""
     stop_processes(record)
     kill_pod_processes(record)
+    network.remove(record.network)
     unmount_new(record)
     remove_iptables_additions(record)
     remove_new_cgroups(record)

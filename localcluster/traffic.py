@@ -1,17 +1,15 @@
 """Application traffic on a model's Service, for the e2e tests and experiments/11.
 
-The local node runs no kube-proxy, so a client here does what kube-proxy would: it
-follows the Service's Endpoints (re-read every 20 ms) and sends each request to one of
-the ready addresses, round robin. :class:`ClosedLoop` keeps ``clients`` requests in
-flight (each client sends its next request when the last one is answered) and records
-every request: when it started and ended, its HTTP status (0 for a connection error,
--1 when the Endpoints listed no ready address), ``Retry-After`` and the revision that
-answered (``Resident-Revision``).
+Clients call the Service's ClusterIP, as an application in the cluster would; kube-proxy
+picks a ready owner for each connection. :class:`ClosedLoop` keeps ``clients`` requests in
+flight (each client sends its next request when the last one is answered, on a new
+connection, so each request is balanced on its own) and records every request: when it
+started and ended, its HTTP status (0 for a connection error), ``Retry-After`` and the
+revision that answered (``Resident-Revision``).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -19,53 +17,18 @@ from dataclasses import dataclass
 import requests
 
 
-class EndpointsFollower:
-    """The ready ``ip:port`` addresses of a Service's port ``http``, kept current."""
-
-    def __init__(self, core, namespace: str, service: str, every: float = 0.02):
-        self.core, self.namespace, self.service, self.every = core, namespace, service, every
-        self.addresses: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name=f"endpoints-{service}", daemon=True)
-        self._turn = 0
-
-    def __enter__(self) -> "EndpointsFollower":
-        self.addresses = self.read()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def read(self) -> list[str]:
-        resp = self.core.read_namespaced_endpoints(self.service, self.namespace, _preload_content=False)
-        out = []
-        for subset in json.loads(resp.data).get("subsets") or []:
-            ports = [p["port"] for p in subset.get("ports") or [] if p.get("name") == "http"]
-            out += [f"{a['ip']}:{port}" for a in subset.get("addresses") or [] for port in ports]
-        return sorted(out)
-
-    def _follow(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                self.addresses = self.read()
-            except Exception:  # noqa: BLE001 - an API hiccup keeps the last known addresses
-                pass
-
-    def pick(self) -> str | None:
-        addresses = self.addresses
-        if not addresses:
-            return None
-        self._turn += 1
-        return addresses[self._turn % len(addresses)]
+def service_address(core, namespace: str, service: str, port_name: str = "http") -> str:
+    """``clusterIP:port`` of a Service's port ``port_name``."""
+    svc = core.read_namespaced_service(service, namespace)
+    port = next(p.port for p in svc.spec.ports if p.name == port_name)
+    return f"{svc.spec.cluster_ip}:{port}"
 
 
 @dataclass(frozen=True)
 class Answer:
     start: float
     end: float
-    status: int            # HTTP status; 0 connection error; -1 no ready endpoint
+    status: int            # HTTP status; 0 connection error
     revision: str = ""
     retry_after: str = ""
     error: str = ""
@@ -78,13 +41,13 @@ class Answer:
 class ClosedLoop:
     """``clients`` threads, each sending a completion as soon as its last one is answered."""
 
-    def __init__(self, target, model: str, clients: int = 4, max_tokens: int = 8,
+    def __init__(self, address: str, model: str, clients: int = 4, max_tokens: int = 8,
                  prompt: str = "Resident keeps models", api_key: str | None = None):
-        self.target = target          # a callable returning "ip:port" or None
+        self.address = address        # "ip:port", the Service's ClusterIP
         self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.answers: list[Answer] = []
-        self.backoff = 0.05     # after a 503, a reset or no endpoint (Retry-After, only sooner)
+        self.backoff = 0.05     # after a 503 or a reset (Retry-After, only sooner)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client, name=f"client-{i}", daemon=True)
@@ -101,16 +64,11 @@ class ClosedLoop:
             t.join(60)
 
     def _client(self) -> None:
-        session = requests.Session()
         while not self._stop.is_set():
-            address, start = self.target(), time.monotonic()
-            if address is None:
-                self._record(Answer(start, time.monotonic(), -1, error="no ready endpoint"))
-                time.sleep(self.backoff)
-                continue
+            start = time.monotonic()
             try:
-                resp = session.post(f"http://{address}/v1/completions", json=self.body,
-                                    headers=self.headers, timeout=60)
+                resp = requests.post(f"http://{self.address}/v1/completions", json=self.body,
+                                     headers=self.headers, timeout=60)
                 self._record(Answer(start, time.monotonic(), resp.status_code,
                                     resp.headers.get("Resident-Revision", ""),
                                     resp.headers.get("Retry-After", ""),

@@ -43,10 +43,12 @@ def test_prints_the_readme_example_and_serves_its_digest():
     proc = start()
     try:
         text, served = read_model(proc)
-        port = int(re.search(r"127\.0\.0\.1:(\d+)/", text).group(1))
-        assert text.replace(f"127.0.0.1:{port}/", f"127.0.0.1:{PORT}/") == EXAMPLE.read_text()
+        # the source is named as the local cluster reaches this machine's loopback
+        port = int(re.search(r"10\.200\.0\.1:(\d+)/", text).group(1))
+        assert text.replace(f"10.200.0.1:{port}/", f"10.200.0.1:{PORT}/") == EXAMPLE.read_text()
         model = yaml.safe_load(text)
         source, digest = model["spec"]["bundle"]["source"], model["spec"]["bundle"]["digest"]
+        source = source.replace("10.200.0.1", "127.0.0.1")     # where it listens, here
         with open_source(source) as src:
             manifest = src.fetch_manifest(digest)
             weights = manifest.by_path()["model.safetensors"]

@@ -54,7 +54,7 @@ class World(NamedTuple):
 def world(tmp_path_factory):
     work = tmp_path_factory.mktemp("story")
     revs, dirs = make_bundles(work, SIZE)
-    with LocalCluster() as cluster, BundleServer(work / "served", work / "logs") as server:
+    with LocalCluster() as cluster, BundleServer(work / "served", work / "logs", cluster=cluster) as server:
         for d in dirs.values():
             server.push(d)
         yield World(cluster, server, revs, install(cluster), dirs)
@@ -65,5 +65,6 @@ def slow_url(world, tmp_path_factory):
     """The same bundles from a source that sends 256 KiB/s, so that a transition to a revision
     the node does not hold yet lasts long enough for a fault test to interrupt it (the
     operator itself takes well under 1 s)."""
-    with BundleServer(world.server.root, tmp_path_factory.mktemp("slow-logs"), rate=256 << 10) as slow:
+    with BundleServer(world.server.root, tmp_path_factory.mktemp("slow-logs"), rate=256 << 10,
+                      cluster=world.cluster) as slow:
         yield slow.url

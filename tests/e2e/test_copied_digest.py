@@ -57,8 +57,8 @@ def copied_volume_pod(story: Story, owner: client.V1Pod, source: str) -> dict:
 
 def test_a_copied_digest_with_a_bogus_source_is_refused_and_mounts_nothing(tmp_path):
     revs, dirs = make_bundles(tmp_path, SIZE)
-    with LocalCluster() as cluster, BundleServer(tmp_path / "served", tmp_path / "logs") as server, \
-            BundleServer(tmp_path / "elsewhere", tmp_path / "logs-elsewhere") as elsewhere:
+    with LocalCluster() as cluster, BundleServer(tmp_path / "served", tmp_path / "logs", cluster=cluster) as server, \
+            BundleServer(tmp_path / "elsewhere", tmp_path / "logs-elsewhere", cluster=cluster) as elsewhere:
         server.push(dirs["a"])
         elsewhere.push(dirs["b"])                # B's source serves bundles, only not A
         installation = install(cluster)

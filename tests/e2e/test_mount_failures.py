@@ -19,7 +19,7 @@ SIZE = 1 << 20
 
 def test_a_404_at_the_source_shows_in_the_pods_failed_mount_and_the_mount_recovers(tmp_path):
     revs, dirs = make_bundles(tmp_path, SIZE)
-    with LocalCluster() as cluster, BundleServer(tmp_path / "served", tmp_path / "logs") as server:
+    with LocalCluster() as cluster, BundleServer(tmp_path / "served", tmp_path / "logs", cluster=cluster) as server:
         server.push(dirs["a"])
         blobs = sorted((tmp_path / "served" / "blobs").iterdir(), key=lambda p: p.stat().st_size)
         missing = blobs[-1]                    # the weights: manifest readable, a file 404s

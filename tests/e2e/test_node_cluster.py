@@ -1,6 +1,7 @@
-"""The local single-node cluster, end to end: a real kubelet + containerd + runc node Ready on
-loopback, the project image (built from Debian packages and the project's wheel, no
-registry) running ``resident --help`` in a hostNetwork Pod, and a teardown that leaves the
+"""The local cluster, end to end: a real kubelet + containerd + runc + kube-proxy node Ready in
+its own network namespace, Pods on the Pod network, Services through their ClusterIPs from
+Pods and from this machine, cluster DNS, the project image (built from Debian packages and
+the project's wheel, no registry) running ``resident --help``, and a teardown that leaves the
 machine as it was. The module shares one LocalCluster; its last test stops it and checks the
 machine (test_node_teardown.py covers failed starts, SIGKILL and SIGTERM).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import ipaddress
 import subprocess
 import tarfile
 import time
@@ -18,7 +20,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from localcluster.containerd import ROOT as CONTAINERD_ROOT
+from localcluster.containerd import CONTAINERD_VERSION, ROOT as CONTAINERD_ROOT
+from localcluster.network import BRIDGE
 from localcluster.images import cached_image_names, pause_image, project_image
 from localcluster.node import LocalCluster, LocalClusterBusy
 from localcluster.oci_layout import OciLayoutError
@@ -70,12 +73,28 @@ def namespace(node):
             core.delete_namespace(name)
 
 
-def host_network_pod(name: str, image: str, command: list[str], restart: str = "Never") -> client.V1Pod:
+def pod(name: str, image: str, command: list[str], restart: str = "Never", host_network: bool = False,
+        labels: dict | None = None) -> client.V1Pod:
     return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
         spec=client.V1PodSpec(
-            host_network=True, restart_policy=restart, termination_grace_period_seconds=1,
+            host_network=host_network, restart_policy=restart, termination_grace_period_seconds=1,
             containers=[client.V1Container(name="main", image=image, image_pull_policy="Never", command=command)]))
+
+
+def http_get(address: str, path: str, timeout: float = 30) -> str:
+    """GET from this machine, retried until it answers (a new Pod or Service takes a moment)."""
+    host, port = address.rsplit(":", 1)
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection(host, int(port), timeout=2)
+            conn.request("GET", path)
+            return conn.getresponse().read().decode()
+        except OSError as e:
+            last = e
+            time.sleep(0.3)
+    raise AssertionError(f"GET http://{address}{path} did not answer in {timeout}s: {last}")
 
 
 def wait_phase(core, namespace: str, name: str, phases: set[str], timeout: float = 90) -> client.V1Pod:
@@ -89,42 +108,37 @@ def wait_phase(core, namespace: str, name: str, phases: set[str], timeout: float
 
 
 # -- tests ------------------------------------------------------------------------------
-def test_node_is_ready_and_reached_on_loopback(node):
+def test_node_is_ready_in_its_own_network_namespace(node):
     core = client.CoreV1Api(node.api_client())
     found = core.read_node(node.node_name)
     ready = {c.type: c.status for c in found.status.conditions}["Ready"]
     assert ready == "True"
-    assert found.status.node_info.container_runtime_version.startswith("containerd://")
-    assert found.status.node_info.kubelet_version == "v1.20.2"
-    # the API server talks to the kubelet by Hostname, which must be a loopback name
-    hostnames = [a.address for a in found.status.addresses if a.type == "Hostname"]
-    assert hostnames == [node.node_name]
-    assert all(info[4][0].startswith("127.") or info[4][0] == "::1"
-               for info in __import__("socket").getaddrinfo(node.node_name, None))
-    assert found.status.daemon_endpoints.kubelet_endpoint.port > 0
-    env = node.operator_env(owner_image=node.project_image_name)
-    assert env["RESIDENT_OWNER_HOST"] == "127.0.0.1" and env["RESIDENT_OWNER_HOST_NETWORK"] == "true"
-    from resident_operator.settings import settings_from_env
-
-    settings = settings_from_env(env)          # the operator accepts the single-node setting
-    assert settings.owner_host == "127.0.0.1" and settings.owner_host_network
-    assert settings.owner_image == node.project_image_name
+    assert found.status.node_info.container_runtime_version == f"containerd://{CONTAINERD_VERSION}"
+    assert found.status.node_info.kubelet_version == f"v{node.version}"
+    assert found.status.node_info.kube_proxy_version in ("", f"v{node.version}")
+    # the API server reaches the kubelet at the node's own address, not on loopback
+    assert [a.address for a in found.status.addresses if a.type == "InternalIP"] == [node.node.address]
+    assert Path(f"/run/netns/{node.node.netns}").exists()
+    assert found.spec.pod_cidr == "10.244.0.0/24"
+    # an operator on this machine needs nothing but the kubeconfig: owners are at their Pod IPs
+    assert node.operator_env(owner_image=node.project_image_name) == {
+        "KUBECONFIG": node.kubeconfig, "RESIDENT_OWNER_IMAGE": node.project_image_name}
 
 
-def test_project_image_runs_resident_help_in_a_host_network_pod(node, namespace):
+def test_project_image_runs_resident_help_in_a_pod(node, namespace):
     """As the chart runs it: the non-root resident user (10001), read-only root file system;
     every component and its native dependencies (grpcio needs libstdc++) import."""
     core = client.CoreV1Api(node.api_client())
     imports = "import grpc, numpy, safetensors, kopf, kubernetes, pydantic, bundle, csi_bridge, owner, resident_operator"
-    pod = host_network_pod("help", node.project_image_name, [
+    pod_ = pod("help", node.project_image_name, [
         "sh", "-c", f"id -u && python3 -c '{imports}' && exec resident --help"])
-    pod.spec.containers[0].security_context = client.V1SecurityContext(
+    pod_.spec.containers[0].security_context = client.V1SecurityContext(
         run_as_user=10001, run_as_group=10001, run_as_non_root=True, read_only_root_filesystem=True,
         allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"]))
-    core.create_namespaced_pod(namespace, pod)
-    pod = wait_phase(core, namespace, "help", {"Succeeded", "Failed"})
-    logs = core.read_namespaced_pod_log("help", namespace)   # API server -> kubelet, over loopback
-    assert pod.status.phase == "Succeeded", logs
+    core.create_namespaced_pod(namespace, pod_)
+    done = wait_phase(core, namespace, "help", {"Succeeded", "Failed"})
+    logs = core.read_namespaced_pod_log("help", namespace)   # API server -> kubelet, verified TLS
+    assert done.status.phase == "Succeeded", logs
     uid, _, usage = logs.partition("\n")
     assert uid == "10001"
     assert usage.startswith("usage: resident <command>")
@@ -132,23 +146,42 @@ def test_project_image_runs_resident_help_in_a_host_network_pod(node, namespace)
         assert f"  {command}" in usage
 
 
-def test_host_network_pod_serves_on_loopback(node, namespace):
-    """The single-node setting: a process on the node reaches a hostNetwork Pod at 127.0.0.1."""
+def test_pods_have_their_own_addresses_and_a_service_answers_by_cluster_ip_and_by_name(node, namespace):
+    """A web server Pod on the Pod network behind a Service: this machine calls its ClusterIP
+    (routed to the node, translated by kube-proxy), and another Pod calls it by its DNS name
+    (cluster DNS), as an application would."""
+    core = client.CoreV1Api(node.api_client())
+    image = node.project_image_name
+    core.create_namespaced_pod(namespace, pod(
+        "web", image, ["python3", "-m", "http.server", "8080"], restart="Always", labels={"app": "web"}))
+    running = wait_phase(core, namespace, "web", {"Running"})
+    assert ipaddress.ip_address(running.status.pod_ip) in ipaddress.ip_network("10.244.0.0/24")
+    core.create_namespaced_service(namespace, client.V1Service(
+        metadata=client.V1ObjectMeta(name="web"),
+        spec=client.V1ServiceSpec(selector={"app": "web"}, ports=[client.V1ServicePort(port=80, target_port=8080)])))
+    cluster_ip = core.read_namespaced_service("web", namespace).spec.cluster_ip
+    assert ipaddress.ip_address(cluster_ip) in ipaddress.ip_network("10.96.0.0/16")
+    assert "resident" in http_get(f"{cluster_ip}:80", "/opt/resident/bin/")   # from the image's file system
+    url = f"http://web.{namespace}.svc/opt/resident/bin/"
+    core.create_namespaced_pod(namespace, pod("client", image, [
+        "python3", "-c", f"import urllib.request; print(urllib.request.urlopen('{url}', timeout=10).read().decode())"]))
+    done = wait_phase(core, namespace, "client", {"Succeeded", "Failed"})
+    logs = core.read_namespaced_pod_log("client", namespace)
+    assert done.status.phase == "Succeeded" and "resident" in logs, logs
+
+
+def test_a_host_network_pod_shares_the_node_namespace_not_the_machine(node, namespace):
     core = client.CoreV1Api(node.api_client())
     port = free_port()
-    core.create_namespaced_pod(namespace, host_network_pod(
-        "web", node.project_image_name, ["python3", "-m", "http.server", "--bind", "127.0.0.1", str(port)],
-        restart="Always"))
-    wait_phase(core, namespace, "web", {"Running"})
-    deadline, body = time.monotonic() + 30, None
-    while time.monotonic() < deadline and body is None:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/opt/resident/bin/")
-            body = conn.getresponse().read().decode()
-        except OSError:
-            time.sleep(0.3)
-    assert body is not None and "resident" in body   # served from inside the image's file system
+    core.create_namespaced_pod(namespace, pod(
+        "host-web", node.project_image_name, ["python3", "-m", "http.server", str(port)],
+        restart="Always", host_network=True))
+    running = wait_phase(core, namespace, "host-web", {"Running"})
+    assert running.status.pod_ip == node.node.address
+    assert "resident" in http_get(f"{node.node.address}:{port}", "/opt/resident/bin/")
+    assert node.node_exec(["ss", "-ltn", f"sport = :{port}"], capture_output=True, text=True).stdout.count(
+        f":{port}") == 1
+    assert f":{port} " not in subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
 
 
 def test_import_rejects_missing_and_foreign_tarballs(node, tmp_path):
@@ -203,7 +236,7 @@ def test_a_second_cluster_is_refused_while_one_runs(node):
 
 
 def test_teardown_restores_the_machine(node, host_before):
-    # a Pod is still running (the web server above, restartPolicy Always) with mounts under
+    # Pods are still running (the web servers above, restartPolicy Always) with mounts under
     # /var/lib/kubelet, and kubelet has changed the sysctls: teardown must undo all of it
     assert mounts_below("/var/lib/kubelet"), "kubelet should have mounted its root dir and pod volumes"
     assert sysctls()["vm/overcommit_memory"] == "1", "kubelet sets vm.overcommit_memory=1"
@@ -219,6 +252,8 @@ def test_teardown_restores_the_machine(node, host_before):
     assert sysctls() == host_before["sysctls"]
     assert iptables_state() == host_before["iptables"]
     assert list(Path("/sys/fs/cgroup").glob("*/kubepods")) == []
+    assert not Path(f"/run/netns/{node.node.netns}").exists()
+    assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0
     assert not RECORD.exists()
     assert CONTAINERD_ROOT.is_dir(), "the image store is kept between runs"
 

@@ -3,9 +3,9 @@
 Every switch here goes to a fresh revision derived from A, so the node's store holds none
 of the demo's B, C, D afterwards (test_story.py expects to deliver those for the first time).
 
-The local node runs no kube-proxy and no cluster DNS, so requests go where kube-proxy
-would send them: to the ready addresses of the Service's Endpoints, which the real
-endpoints controller derives from the owner Pods' readiness (kubelet's probes).
+Requests go to the Service's ClusterIP, through the node's kube-proxy, which follows the
+EndpointSlices that the real controller derives from the owner Pods' readiness (kubelet's
+probes).
 """
 
 from __future__ import annotations
@@ -14,27 +14,39 @@ import time
 
 import openai
 
-from localcluster.traffic import ClosedLoop, EndpointsFollower
+from localcluster.traffic import ClosedLoop
 from polling import wait_for
+
+
+def ready_endpoints(story) -> list[str]:
+    """``ip:port`` of the ready endpoints in the model's Service's EndpointSlices (port ``http``)."""
+    from kubernetes import client
+
+    slices = client.DiscoveryV1Api(story.cluster.api_client()).list_namespaced_endpoint_slice(
+        story.namespace, label_selector=f"kubernetes.io/service-name={story.name}").items
+    return sorted(f"{address}:{port.port}" for s in slices for e in (s.endpoints or [])
+                  if e.conditions.ready for address in e.addresses
+                  for port in (s.ports or []) if port.name == "http")
 
 
 def test_openai_client_completes_through_the_service_and_endpoints_follow_readiness(world):
     story = world.ready("e2e-serve", world.revs.a, replicas=2)
     rm = story.get()
     assert rm["status"]["endpoint"] == "http://story.e2e-serve.svc:8000"
-    with EndpointsFollower(story.core, story.namespace, "story") as endpoints:
-        # host networking: slot k listens on 8000+k, and both are in the Endpoints
-        addresses = wait_for(lambda: len(endpoints.addresses) == 2 and endpoints.addresses, timeout=120, what="two ready endpoints", every=0.1)
-        assert sorted(a.rsplit(":", 1)[1] for a in addresses) == ["8000", "8001"]
-        for address in addresses:
-            api = openai.OpenAI(base_url=f"http://{address}/v1", api_key="unused", max_retries=0)
-            done = api.completions.create(model="story", prompt="Resident keeps", max_tokens=5)
-            assert done.system_fingerprint == world.revs.a and done.choices[0].text
-            assert [m.id for m in api.models.list().data] == ["story"]
-        # an owner that goes away leaves the Endpoints
-        pod = story.core.list_namespaced_pod(story.namespace, label_selector="resident.dev/slot=1").items[0]
-        story.core.delete_namespaced_pod(pod.metadata.name, story.namespace)
-        wait_for(lambda: all(not a.endswith(":8001") for a in endpoints.addresses), timeout=30, what="the deleted owner out of the Endpoints", every=0.1)
+    # every owner on the Pod network serves on the one port, at its own address
+    endpoints = wait_for(lambda: len(ready_endpoints(story)) == 2 and ready_endpoints(story), timeout=120,
+                         what="two ready endpoints", every=0.1)
+    assert {a.rsplit(":", 1)[1] for a in endpoints} == {"8000"}
+    api = openai.OpenAI(base_url=f"http://{story.service_address()}/v1", api_key="unused", max_retries=0)
+    for _ in range(4):
+        done = api.completions.create(model="story", prompt="Resident keeps", max_tokens=5)
+        assert done.system_fingerprint == world.revs.a and done.choices[0].text
+    assert [m.id for m in api.models.list().data] == ["story"]
+    # an owner that goes away leaves the EndpointSlice
+    pod = story.core.list_namespaced_pod(story.namespace, label_selector="resident.dev/slot=1").items[0]
+    story.core.delete_namespaced_pod(pod.metadata.name, story.namespace)
+    wait_for(lambda: f"{pod.status.pod_ip}:8000" not in ready_endpoints(story), timeout=30,
+             what="the deleted owner out of the EndpointSlice", every=0.1)
     story.delete_and_wait_gone()
     assert story.core.list_namespaced_service(story.namespace).items == []
 
@@ -42,8 +54,7 @@ def test_openai_client_completes_through_the_service_and_endpoints_follow_readin
 def test_in_place_switch_under_load_fails_no_request_and_revision_follows_status(world):
     old, new = world.revs.a, world.fresh_revision("a", "rows", seed=61)
     story = world.ready("e2e-serve-in-place", old)
-    with EndpointsFollower(story.core, story.namespace, "story") as endpoints, \
-            ClosedLoop(endpoints.pick, "story", clients=4) as load:
+    with ClosedLoop(story.service_address(), "story", clients=4) as load:
         wait_for(lambda: len(load.between(0, time.monotonic())) > 20, timeout=120, what="answers on the old revision", every=0.1)
         t_patch = time.monotonic()
         story.patch_spec({"bundle": {"source": world.server.url, "digest": new}})
@@ -66,20 +77,19 @@ def test_in_place_switch_under_load_fails_no_request_and_revision_follows_status
 def test_reload_of_two_replicas_drains_each_owner_and_fails_no_request(world):
     old, new = world.revs.a, world.fresh_revision("a", "rows", seed=62)
     story = world.ready("e2e-serve-reload", old, replicas=2)
-    with EndpointsFollower(story.core, story.namespace, "story") as endpoints:
-        wait_for(lambda: len(endpoints.addresses) == 2, timeout=120, what="two ready endpoints", every=0.1)
-        with ClosedLoop(endpoints.pick, "story", clients=4) as load:
-            seen = []
-            story.patch_spec({"bundle": {"source": world.server.url, "digest": new},
-                              "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
-            deadline = time.monotonic() + 240
-            while (story.get()["status"].get("identity") or {}).get("bundle") != new \
-                    or story.get()["status"].get("ready") != "2/2":
-                assert time.monotonic() < deadline, "the reload of two owners did not finish"
-                seen.append(len(endpoints.addresses))
-                time.sleep(0.1)
-            time.sleep(0.5)
-    assert min(seen) == 1, "an owner should leave the Endpoints while it reloads, one at a time"
+    wait_for(lambda: len(ready_endpoints(story)) == 2, timeout=120, what="two ready endpoints", every=0.1)
+    with ClosedLoop(story.service_address(), "story", clients=4) as load:
+        seen = []
+        story.patch_spec({"bundle": {"source": world.server.url, "digest": new},
+                          "delivery": {"mode": "WholeBundle"}, "transition": {"strategy": "Reload"}})
+        deadline = time.monotonic() + 240
+        while (story.get()["status"].get("identity") or {}).get("bundle") != new \
+                or story.get()["status"].get("ready") != "2/2":
+            assert time.monotonic() < deadline, "the reload of two owners did not finish"
+            seen.append(len(ready_endpoints(story)))
+            time.sleep(0.1)
+        time.sleep(0.5)
+    assert min(seen) == 1, "an owner should leave the EndpointSlice while it reloads, one at a time"
     answers = load.between(0, time.monotonic())
     assert [a for a in answers if not a.ok] == []
     assert {a.revision for a in answers} == {old, new}
@@ -89,8 +99,7 @@ def test_reload_of_two_replicas_drains_each_owner_and_fails_no_request(world):
 def test_reload_of_one_replica_answers_503_with_retry_after_never_a_reset(world):
     old, new = world.revs.a, world.fresh_revision("a", "rows", seed=63)
     story = world.ready("e2e-serve-solo", old)
-    target = "127.0.0.1:8000"         # the one owner (slot 0, host network)
-    with ClosedLoop(lambda: target, "story", clients=4) as load:
+    with ClosedLoop(story.service_address(), "story", clients=4) as load:
         wait_for(lambda: len(load.between(0, time.monotonic())) > 20, timeout=120, what="answers on A", every=0.1)
         story.transition({"bundle": {"source": world.server.url, "digest": new},
                           "transition": {"strategy": "Reload"}})

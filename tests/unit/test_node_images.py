@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.containerd import containerd_config
-from localcluster.kubelet import kubelet_argv, kubelet_config, resolves_to_loopback
+from localcluster.containerd import containerd_config, pod_network_config
+from localcluster.kube_proxy import kube_proxy_config
+from localcluster.kubelet import kubelet_argv, kubelet_config
 from localcluster.images import export_archive
 from localcluster.oci_layout import (ContainerConfig, OciLayoutError, check_image_name, image_documents, image_manifest,
                                      image_names, pack_layer, write_image_layout)
@@ -181,22 +182,45 @@ def test_tree_digest_changes_with_content_mode_and_path(tmp_path):
     assert tree_digest(tmp_path, ["b.py"]) not in (first, changed)
 
 
-def test_kubelet_listens_only_on_loopback_and_refuses_anonymous(tmp_path):
-    config = kubelet_config(10250, 10248, tmp_path / "ca.crt")
-    assert config["address"] == "127.0.0.1" and config["healthzBindAddress"] == "127.0.0.1"
+def test_kubelet_serves_on_its_node_address_with_a_ca_signed_certificate_and_refuses_anonymous(tmp_path):
+    config = kubelet_config("10.200.0.10", tmp_path / "ca.crt", tmp_path / "k.crt", tmp_path / "k.key",
+                            Path("/run/c.sock"))
+    assert config["address"] == "10.200.0.10" and config["healthzBindAddress"] == "127.0.0.1"
     assert config["readOnlyPort"] == 0
+    assert config["tlsCertFile"] == str(tmp_path / "k.crt")
     assert config["authentication"]["anonymous"]["enabled"] is False
     assert config["authentication"]["x509"]["clientCAFile"] == str(tmp_path / "ca.crt")
-    assert config["makeIPTablesUtilChains"] is False
-    argv = kubelet_argv(Path("/b/kubelet"), tmp_path / "k.yaml", "/kc", "vm", Path("/run/c.sock"), "p:1")
-    assert "--root-dir=/var/lib/kubelet" in argv and "--hostname-override=vm" in argv
-    assert "--container-runtime-endpoint=unix:///run/c.sock" in argv
-    assert not any(a.startswith("--node-ip") for a in argv)
+    assert config["containerRuntimeEndpoint"] == "unix:///run/c.sock"
+    # Pods learn of cluster DNS only, never of the machine's name servers
+    assert config["clusterDNS"] == ["10.96.0.10"] and config["resolvConf"] == ""
+    argv = kubelet_argv(Path("/b/kubelet"), tmp_path / "k.yaml", "/kc", "node-0", "10.200.0.10")
+    assert "--root-dir=/var/lib/kubelet" in argv and "--hostname-override=node-0" in argv
+    assert "--node-ip=10.200.0.10" in argv
 
 
-def test_loopback_names():
-    assert resolves_to_loopback("localhost")
-    assert not resolves_to_loopback("no-such-host.invalid")
+def test_pod_network_gives_addresses_from_the_node_range_behind_a_gateway():
+    config = pod_network_config("10.244.3.0/24")
+    bridge, = config["plugins"]
+    assert bridge["type"] == "bridge" and bridge["isGateway"] is True and bridge["hairpinMode"] is True
+    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.244.3.0/24"}]]
+
+
+def test_kube_proxy_leaves_machine_wide_conntrack_settings_alone():
+    config = kube_proxy_config("/kc", "node-0", "10.244.0.0/16")
+    assert config["mode"] == "iptables" and config["hostnameOverride"] == "node-0"
+    assert config["conntrack"]["maxPerCore"] == 0
+    assert config["healthzBindAddress"].startswith("127.0.0.1:")
+
+
+def test_cluster_dns_forwards_nothing_and_runs_restricted():
+    from localcluster.cluster_dns import COREFILE, dns_manifests
+
+    assert "forward" not in COREFILE and "kubernetes cluster.local" in COREFILE
+    kinds = {m["kind"]: m for m in dns_manifests("resident.local/coredns:1")}
+    assert kinds["Service"]["spec"]["clusterIP"] == "10.96.0.10"
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_containerd_config_has_the_settings_this_machine_needs(tmp_path):
