@@ -50,6 +50,9 @@ class TransitionRequest(Wire):
     strategy: Literal["Auto", "InPlace", "Reload"] = "Auto"
     # a reload first turns not-ready and keeps serving this long, so the Endpoints drop it
     drain_seconds: float = Field(default=0.0, ge=0, le=120, alias="drainSeconds")
+    # false keeps a reloading owner ready (in its Service's endpoints): the only replica, whose
+    # clients then get 503 with Retry-After from it, not a connection refused by the Service
+    leave_endpoints: bool = Field(default=True, alias="leaveEndpoints")
 
 
 class Timings(Wire):

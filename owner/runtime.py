@@ -184,7 +184,8 @@ class Owner:
             self.transition_guard.release()
             raise
         self._remember(status)
-        thread = threading.Thread(target=run_transition, args=(self, status, target, req.drain_seconds),
+        thread = threading.Thread(target=run_transition, args=(self, status, target, req.drain_seconds,
+                                                               req.leave_endpoints),
                                   name=f"transition-{status.id}", daemon=True)
         self.threads = [t for t in self.threads if t.is_alive()] + [thread]
         thread.start()

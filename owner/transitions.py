@@ -17,6 +17,9 @@ first turns the owner not-ready and keeps serving the old revision for ``drainSe
 (so the kubelet's probe takes it out of the Service's Endpoints), then holds the lock
 closed: the requests in flight finish, later ones get 503 with Retry-After until the new
 revision has answered its first token (and warmed up), when the owner turns ready again.
+With ``leaveEndpoints: false`` (the operator sends it for a model's only replica) the owner
+stays ready throughout: there is no other endpoint to drain to, and a client of the
+Service gets the owner's 503 with Retry-After rather than a refused connection.
 
 Phases and their timings: ``stage`` (admission and reading/hash-checking changed chunks,
 or the reload pre-check), ``apply`` (journal + write, or close + load), ``verify``
@@ -87,12 +90,12 @@ def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api
 
 
 def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings,
-            drain_seconds: float) -> tuple[str, str]:
+            drain_seconds: float, leave_endpoints: bool = True) -> tuple[str, str]:
     st.strategy = "Reload"
     t0 = time.perf_counter()
     _precheck(target)
     t.stage_seconds = time.perf_counter() - t0
-    owner.reloading = True  # /readyz 503 from here until the new revision answered
+    owner.reloading = leave_endpoints  # /readyz 503 from here until the new revision answered
     if drain_seconds:
         log.info("draining before reload", extra={"transition": st.id, "seconds": drain_seconds})
         owner.closing.wait(drain_seconds)  # still serving the old revision meanwhile
@@ -124,7 +127,7 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
 
 
 def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision,
-                   drain_seconds: float = 0.0) -> None:
+                   drain_seconds: float = 0.0, leave_endpoints: bool = True) -> None:
     """Body of a transition thread; always leaves ``st`` finished and the guard released.
 
     The result is published last, after the new identity and the owner's state: whoever
@@ -149,9 +152,9 @@ def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision,
                     raise
                 log.info("in place not admissible, reloading", extra={"transition": st.id, "reason": str(e)})
                 st.reason = f"reload chosen: {e}"
-                final, result = _reload(owner, st, target, t, drain_seconds)
+                final, result = _reload(owner, st, target, t, drain_seconds, leave_endpoints)
         else:
-            final, result = _reload(owner, st, target, t, drain_seconds)
+            final, result = _reload(owner, st, target, t, drain_seconds, leave_endpoints)
     except NeedsReload as e:
         result, st.reason = "needs-reload", str(e)
     except (IntegrityError, RevisionError) as e:

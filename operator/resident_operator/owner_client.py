@@ -45,12 +45,15 @@ class OwnerClient:
         return self._call("GET", "/v1/identity")[1]
 
     def start_transition(self, target: str, path: str, strategy: str,
-                         drain_seconds: float = 0.0) -> dict[str, Any]:
+                         drain_seconds: float = 0.0, leave_endpoints: bool = True) -> dict[str, Any]:
         """Start a transition. A reload first keeps serving, not ready, for ``drain_seconds``
-        so that the owner leaves its Service's Endpoints before the old revision closes."""
+        so that the owner leaves its Service's Endpoints before the old revision closes;
+        with ``leave_endpoints`` false it stays in them (a model's only replica)."""
         body: dict[str, Any] = {"target": target, "path": path, "strategy": strategy}
         if drain_seconds > 0:   # owners before drains existed accept the request without it
             body["drainSeconds"] = drain_seconds
+        if not leave_endpoints:
+            body["leaveEndpoints"] = False
         return self._call("POST", "/v1/transitions", body)[1]
 
     def wait(self, transition_id: str) -> OwnerWait:

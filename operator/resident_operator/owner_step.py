@@ -66,7 +66,8 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
 def drain_seconds(spec: ModelSpec, settings: OperatorSettings) -> float:
     """How long a reloading owner keeps serving while not ready: one readiness period plus
     time for the Endpoints and every proxy to follow, when other replicas can take its
-    traffic; with one replica there is nowhere to drain to (requests get 503 + Retry-After)."""
+    traffic; with one replica there is nowhere to drain to: it stays in the Endpoints
+    (``leaveEndpoints: false``) and its clients get 503 + Retry-After."""
     if spec.replicas < 2:
         return 0.0
     return float(settings.readiness_period_seconds) + DRAIN_MARGIN_SECONDS
@@ -117,7 +118,7 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
             return p
         client = owner_client(ctx, spec, view)
         answer = client.start_transition(t.to, t.path, spec.transition.strategy,
-                                         drain_seconds(spec, ctx.settings))
+                                         drain_seconds(spec, ctx.settings), leave_endpoints=spec.replicas > 1)
         tid = str(answer.get("id") or "")
         ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {tid} to "
                                             f"{t.to[:19]} ({spec.transition.strategy})")

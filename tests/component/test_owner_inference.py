@@ -86,10 +86,11 @@ class Owners:
     def __init__(self, owner, control, inference):
         self.owner, self.control, self.url = owner, control, inference
 
-    def transition(self, target, strategy="Auto", drain=0.0):
+    def transition(self, target, strategy="Auto", drain=0.0, leave_endpoints=True):
         r = requests.post(self.control + "/v1/transitions", timeout=10,
                           json={"target": target, "path": "WholeBundle", "strategy": strategy,
-                                "drainSeconds": drain}, headers={"Authorization": f"Bearer {TOKEN}"})
+                                "drainSeconds": drain, "leaveEndpoints": leave_endpoints},
+                          headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 202, r.text
         return r.json()["id"]
 
@@ -244,6 +245,21 @@ def test_reload_gap_answers_503_with_retry_after_and_then_the_new_revision(volum
             r = s.post(o.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8}, timeout=10)
             assert r.headers["Resident-Revision"] == d["whole"]
             assert r.json()["choices"][0]["text"] == reference[d["whole"]]
+
+
+def test_the_only_replica_stays_ready_through_its_reload_and_answers_503_with_retry_after(volume, reference):
+    """``leaveEndpoints: false``: a Service with no other endpoint keeps sending to the owner,
+    whose clients get its 503 with Retry-After instead of a connection the Service refuses."""
+    vol, d = volume
+    backend = SlowCpuBackend(load=0.8)
+    with serving(vol, backend) as o:
+        tid = o.transition(d["whole"], strategy="Reload", leave_endpoints=False)
+        assert backend.reloading.wait(10)
+        r = o.complete()
+        assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+        assert o.ready() == 200
+        assert o.finished(tid)["result"] == "succeeded"
+        assert o.ready() == 200 and o.complete().headers["Resident-Revision"] == d["whole"]
 
 
 def test_reload_drain_turns_not_ready_while_the_old_revision_still_serves(volume, reference):
