@@ -22,7 +22,7 @@ import pytest
 
 from csi_bridge import mountinfo
 from csi_bridge.testing import REPO_ROOT, BridgeProcess, cleanup_mounts
-from localcluster.csi_tools import ensure_tool
+from localcluster.csi_tools import csi_sanity
 
 DOC = REPO_ROOT / "docs" / "csi-bridge.md"
 # Ginkgo's JUnit names read "[It] <container texts> <spec text>"
@@ -90,7 +90,7 @@ def test_the_documented_table_is_well_formed():
 
 
 def test_csi_sanity_passes_every_spec_a_node_only_plugin_can_run(short_tmp):
-    sanity = ensure_tool("csi-sanity")
+    sanity = csi_sanity()
     pods = short_tmp / "kubelet"     # the bridge refuses targets outside its --pods-dir
     (pods / "sanity").mkdir(parents=True)      # csi-sanity makes the mount and staging dirs in it
     bridge = BridgeProcess(short_tmp / "b", pods_dir=pods).start()

@@ -1,40 +1,40 @@
-"""The CSI project's tools: one pin per tool, a cache path keyed by version, and the
-throw-away module that builds a tool (also one whose go.mod has replace directives)."""
+"""Go parts built from their modules: exact pins, the throw-away module that builds them
+(with replace lines where a module needs them), a cache keyed by version, no rebuild."""
 
 from __future__ import annotations
 
 import re
 
-from localcluster import csi_tools
-from localcluster.csi_tools import TOOLS, Tool, build_module, ensure_tool, tool_path
+from localcluster import gobuild
+from localcluster.containerd import containerd_build
+from localcluster.csi_tools import csi_sanity_build
+from localcluster.gobuild import GoBuild, ensure_built
 
 
-def test_every_tool_is_pinned_to_an_exact_version_of_its_module():
-    for name, tool in TOOLS.items():
-        assert tool.name == name
-        assert re.fullmatch(r"v\d+\.\d+\.\d+", tool.version), tool
-        assert tool.package == tool.module or tool.package.startswith(tool.module + "/")
+def test_every_go_part_is_pinned_to_an_exact_version_and_cached_by_it():
+    for build in (csi_sanity_build(), containerd_build()):
+        (module, version), = build.requires.items()
+        assert re.fullmatch(r"v\d+\.\d+\.\d+", version), build
+        assert version[1:] in build.name
+        assert all(p == module or p.startswith(module + "/") for p in build.commands.values())
 
 
-def test_the_build_module_requires_the_pinned_version_and_imports_the_main_package():
-    tool = Tool("csi-sanity", "github.com/kubernetes-csi/csi-test/v5", "v5.6.0",
-                "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity")
-    files = build_module(tool)
-    assert "require github.com/kubernetes-csi/csi-test/v5 v5.6.0\n" in files["go.mod"]
-    assert files["tools.go"].startswith("//go:build tools\n")
-    assert 'import _ "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity"' in files["tools.go"]
+def test_the_build_module_requires_pins_replaces_and_names_the_commands():
+    build = GoBuild(name="k-1.2.3", requires={"k8s.io/kubernetes": "v1.2.3"},
+                    commands={"kubectl": "k8s.io/kubernetes/cmd/kubectl"},
+                    replaces={"k8s.io/api": "k8s.io/api v0.2.3"})
+    go_mod = build.go_mod()
+    assert "require k8s.io/kubernetes v1.2.3\n" in go_mod
+    assert "\tk8s.io/api => k8s.io/api v0.2.3\n" in go_mod
+    assert build.tools_go().startswith("//go:build tools\n")
+    assert '\t_ "k8s.io/kubernetes/cmd/kubectl"\n' in build.tools_go()
 
 
-def test_a_tool_is_cached_under_resident_cache_by_version(tmp_path, monkeypatch):
+def test_a_built_binary_is_not_built_again(tmp_path, monkeypatch):
     monkeypatch.setenv("RESIDENT_CACHE", str(tmp_path))
-    tool = TOOLS["csi-sanity"]
-    assert tool_path(tool) == tmp_path / "csi-tools" / f"csi-sanity-{tool.version}" / "bin" / "csi-sanity"
-
-
-def test_a_cached_tool_is_not_built_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("RESIDENT_CACHE", str(tmp_path))
-    monkeypatch.setattr(csi_tools, "run_logged", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
-    cached = tool_path(TOOLS["csi-sanity"])
-    cached.parent.mkdir(parents=True)
-    cached.write_bytes(b"#!/bin/true\n")
-    assert ensure_tool("csi-sanity") == cached
+    monkeypatch.setattr(gobuild, "run_logged", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    build = csi_sanity_build()
+    assert build.bin_dir == tmp_path / build.name / "bin"
+    build.bin_dir.mkdir(parents=True)
+    (build.bin_dir / "csi-sanity").write_bytes(b"#!/bin/true\n")
+    assert ensure_built(build) == build.bin_dir
