@@ -2,8 +2,8 @@
 
 Every server the local cluster starts goes through :class:`ProcessGroup`. Each child runs
 in its own session (so a terminal's Ctrl-C does not race our shutdown), its output goes
-to a log file, and :meth:`ProcessGroup.stop` sends SIGTERM, waits, then SIGKILLs what is
-left, in reverse start order. ``stop`` also runs at interpreter exit and on SIGTERM, so
+to a log file, and :meth:`ProcessGroup.stop` stops them one at a time in reverse start
+order: SIGTERM, a wait, then SIGKILL if it is still there. ``stop`` also runs at interpreter exit and on SIGTERM, so
 a failing test or an interrupted demo leaves no process behind.
 """
 
@@ -74,13 +74,15 @@ class ProcessGroup:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the children one at a time, the last started first, each given ``timeout``
+        after SIGTERM: a server's graceful shutdown may need what started before it (the
+        API server writes to etcd as it leaves)."""
         for name, proc in reversed(self.children):
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for name, proc in reversed(self.children):
+            if proc.poll() is not None:
+                continue
+            _signal_group(proc, signal.SIGTERM)
             try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 log.warning("%s (pid %d) ignored SIGTERM; killing", name, proc.pid)
                 _signal_group(proc, signal.SIGKILL)

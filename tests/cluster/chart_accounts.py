@@ -15,7 +15,6 @@ installed operator would, naming the chart's operator Pods as their only control
 
 from __future__ import annotations
 
-import base64
 import sys
 import time
 from dataclasses import dataclass
@@ -55,16 +54,20 @@ def container_env(container, namespace: str) -> dict[str, str]:
 
 
 def service_account_token(core, namespace: str, name: str, timeout: float = 30.0) -> str:
-    """The token the 1.20 token controller minted for the ServiceAccount."""
+    """A token for the ServiceAccount from the TokenRequest API (bound, valid for an hour),
+    as kubelet gets one for a Pod; waits until the account exists."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
     deadline = time.monotonic() + timeout
     while True:
-        sa = core.read_namespaced_service_account(name, namespace)
-        if sa.secrets:
-            secret = core.read_namespaced_secret(sa.secrets[0].name, namespace)
-            if secret.data and secret.data.get("token"):
-                return base64.b64decode(secret.data["token"]).decode()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no token for ServiceAccount {namespace}/{name} after {timeout}s")
+        try:
+            answer = core.create_namespaced_service_account_token(name, namespace, client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
+            return answer.status.token
+        except ApiException as e:
+            if e.status != 404 or time.monotonic() > deadline:
+                raise
         time.sleep(0.2)
 
 

@@ -1,5 +1,6 @@
 """The machine as the e2e tests read it, independently of localcluster.teardown: sysctls
-kubelet changes, mounts, iptables rules and whether a process is alive."""
+kubelet changes, mounts, iptables rules, network links and namespaces, and whether a
+process is alive."""
 
 from __future__ import annotations
 
@@ -32,3 +33,11 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def network_state() -> dict[str, list[str]]:
+    """The machine's links and network namespaces (names only)."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if line.strip())
+    spaces = sorted(p.name for p in Path("/run/netns").iterdir()) if Path("/run/netns").is_dir() else []
+    return {"links": names, "namespaces": spaces}

@@ -22,7 +22,7 @@ import pytest
 from localcluster.node import LocalCluster
 from localcluster.teardown import NODE_LOCK, RECORD, HostRecord, restore, runtime_helpers
 
-from machine_state import alive, iptables_state, mounts_below, sysctls
+from machine_state import alive, iptables_state, mounts_below, network_state, sysctls
 
 REPO = Path(__file__).resolve().parents[2]
 TIMINGS: dict[str, float] = {}
@@ -43,14 +43,14 @@ def node_lock_free():
 @pytest.fixture(scope="module")
 def host_before():
     return {"sysctls": sysctls(), "mounts": mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns"),
-            "iptables": iptables_state()}
+            "iptables": iptables_state(), "network": network_state()}
 
 
 def test_a_failed_start_leaves_nothing_behind(host_before, tmp_path):
     """kubelet runs but never registers, so start() times out; teardown must still be complete."""
     cluster = LocalCluster(state_dir=tmp_path / "state", node_ready_timeout=8,
                            extra_kubelet_flags=["--register-node=false"])
-    with pytest.raises(TimeoutError, match="not Ready"):
+    with pytest.raises(TimeoutError, match="has no Pod range|not Ready"):
         with cluster:
             pass
     pids = dict(cluster.started)
@@ -59,6 +59,7 @@ def test_a_failed_start_leaves_nothing_behind(host_before, tmp_path):
     assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
     assert sysctls() == host_before["sysctls"]
     assert iptables_state() == host_before["iptables"]
+    assert network_state() == host_before["network"]
     assert not RECORD.exists()
     assert cluster.leftovers == []
 
@@ -111,6 +112,7 @@ def test_a_killed_run_is_restored_by_the_teardown_command(host_before, tmp_path)
         assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
         assert sysctls() == host_before["sysctls"]
         assert iptables_state() == host_before["iptables"]
+        assert network_state() == host_before["network"]      # the node's namespace and the bridge
         assert list(Path("/sys/fs/cgroup").glob("*/kubepods")) == []
         assert not RECORD.exists()
         assert not Path(record.scratch_dirs[0]).exists()
@@ -146,6 +148,7 @@ def test_sigterm_tears_the_node_down(host_before, tmp_path):
         assert [pid for pid in node_pids if alive(pid)] == []
         assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
         assert sysctls() == host_before["sysctls"]
+        assert network_state() == host_before["network"]
         assert not RECORD.exists()
     finally:
         if child.poll() is None:
