@@ -23,7 +23,9 @@ restarts: on start the bridge reconciles them with /proc/self/mountinfo.
 
 With --deliveries it also watches BundleDelivery objects for --node-id and stages the
 requested revisions into live volumes. With --registration-dir it serves kubelet's
-plugin-registration socket itself (for clusters without node-driver-registrar).
+plugin-registration socket itself (for clusters without node-driver-registrar), and with
+--healthz-port an HTTP /healthz for kubelet's liveness probe that makes a CSI Probe call
+to the bridge's own socket (for clusters without the livenessprobe sidecar).
 """
 
 
@@ -47,7 +49,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=int(env("RESIDENT_METRICS_PORT", "9810")),
                    help="port of /metrics on --metrics-address; -1 disables (env RESIDENT_METRICS_PORT)")
     p.add_argument("--metrics-address", default=env("RESIDENT_METRICS_ADDRESS", "127.0.0.1"),
-                   help="address /metrics binds (default 127.0.0.1)")
+                   help="address /metrics and /healthz bind (default 127.0.0.1)")
+    p.add_argument("--healthz-port", type=int, default=int(env("RESIDENT_HEALTHZ_PORT", "-1")),
+                   help="port of /healthz on --metrics-address, for kubelet's liveness probe: "
+                        "each request makes a CSI Probe call to --endpoint with a 1 s deadline "
+                        "and answers 200 when the bridge says ready, 500 with the reason when "
+                        "it is not, fails or does not answer in time; the same port as "
+                        "--metrics-port shares its listener; -1 (default) disables "
+                        "(env RESIDENT_HEALTHZ_PORT)")
     p.add_argument("--authorize", choices=("api", "deny", "static", "allow-any"),
                    default=env("RESIDENT_BRIDGE_AUTHORIZE", "api"),
                    help="namespace authorization: 'api' reads ResidentModels (falls back to "
@@ -135,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             endpoint=args.endpoint, node_id=args.node_id, root=args.root,
             authorize=args.authorize, authorize_file=args.authorize_file, api_client=client,
             metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-            metrics_address=args.metrics_address, registration_dir=args.registration_dir,
+            metrics_address=args.metrics_address,
+            healthz_port=None if args.healthz_port < 0 else args.healthz_port,
+            registration_dir=args.registration_dir,
             kubelet_endpoint=args.kubelet_endpoint, publish_wait_seconds=args.publish_wait,
             deliveries=args.deliveries, gc_high_water_bytes=args.gc_high_water_bytes,
             gc_low_water_bytes=args.gc_low_water_bytes, gc_interval_seconds=args.gc_interval,
@@ -154,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     if bridge.metrics_port is not None:
         log.info("metrics", extra={"target": f"http://{args.metrics_address}:{bridge.metrics_port}/metrics"})
+    if bridge.healthz_port is not None:
+        log.info("liveness", extra={"target": f"http://{args.metrics_address}:{bridge.healthz_port}/healthz"})
     stop.wait()
     bridge.stop()
     return 0

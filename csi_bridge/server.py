@@ -5,8 +5,9 @@
 filesystem so revision trees can be hardlinks. ``start()`` reconciles first, then serves
 CSI on the unix socket (a stale socket file is removed before binding; the socket is
 mode 0660, for root and the process's group), optionally the kubelet registration
-socket, ``/metrics`` on 127.0.0.1, and the BundleDelivery watch. ``stop()`` stops them
-in reverse order; mounts stay (they belong to the Pods).
+socket, ``/metrics`` and ``/healthz`` (:mod:`.endpoints`, on 127.0.0.1 unless told
+otherwise), and the BundleDelivery watch. ``stop()`` stops them in reverse order; mounts
+stay (they belong to the Pods).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from pathlib import Path
 
 import grpc
 
-from . import logs
+from . import endpoints, logs
 from .authorization import Authorizer, make_authorizer
 from .collection import Collector
 from .identity import DRIVER_NAME, IdentityServicer
+from .liveness import LivenessCheck
 from .locks import VolumeLocks
 from .metrics import BridgeMetrics
 from .node import NodeServicer
@@ -48,7 +50,8 @@ class BridgeConfig:
     authorize_file: Path | None = None
     api_client: object = None           # kubernetes ApiClient, for authorize=api and deliveries
     metrics_port: int | None = None     # None: no /metrics server; 0: any free port
-    metrics_address: str = "127.0.0.1"
+    metrics_address: str = "127.0.0.1"  # /metrics and /healthz bind it
+    healthz_port: int | None = None     # None: no /healthz; the same port as metrics shares it
     registration_dir: Path | None = None  # serve <dir>/<driver>-reg.sock when set
     kubelet_endpoint: str | None = None   # the CSI path kubelet should dial (GetInfo)
     publish_wait_seconds: float = 100.0
@@ -128,10 +131,18 @@ class Bridge:
         self.registration: RegistrationServicer | None = None
         self.reconciled: Report | None = None
         self._servers: list[grpc.Server] = []
-        self._metrics_server = None
-        self.metrics_port: int | None = None
+        self.liveness: LivenessCheck | None = None
+        self.listeners: dict[str, endpoints.Listener] = {}  # path → its HTTP listener
         self.watcher = None
         self.sweeper = None
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.listeners["/metrics"].port if "/metrics" in self.listeners else None
+
+    @property
+    def healthz_port(self) -> int | None:
+        return self.listeners["/healthz"].port if "/healthz" in self.listeners else None
 
     def health(self) -> str | None:
         """None when usable; otherwise why not (store or database unusable)."""
@@ -173,11 +184,14 @@ class Bridge:
             reg.start()
             os.chmod(reg_socket, SOCKET_MODE)
             self._servers.append(reg)
+        http: dict[str, tuple[int, endpoints.App]] = {}
         if c.metrics_port is not None:
-            from prometheus_client import start_http_server
-            self._metrics_server, _ = start_http_server(c.metrics_port, addr=c.metrics_address,
-                                                        registry=self.metrics.registry)
-            self.metrics_port = self._metrics_server.server_port
+            from prometheus_client import make_wsgi_app
+            http["/metrics"] = (c.metrics_port, make_wsgi_app(self.metrics.registry))
+        if c.healthz_port is not None:
+            self.liveness = LivenessCheck(self.socket)
+            http["/healthz"] = (c.healthz_port, self.liveness.app)
+        self.listeners = endpoints.serve(c.metrics_address, http)
         self.collector.start()
         if c.api_client is not None:
             from .sweep import OrphanSweeper
@@ -203,9 +217,11 @@ class Bridge:
         self.collector.stop()
         if self.sweeper is not None:
             self.sweeper.stop()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+        for listener in set(self.listeners.values()):
+            listener.close()
+        self.listeners = {}
+        if self.liveness is not None:
+            self.liveness.close()
         for server in reversed(self._servers):
             server.stop(grace).wait()
         self._servers.clear()
