@@ -31,7 +31,7 @@ def free_port() -> int:
 def test_help_explains_and_missing_node_id_is_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "resident_cli", "bridge", "--help"],
                          capture_output=True, text=True, check=True).stdout
-    for flag in ("--endpoint", "--node-id", "--root", "--metrics-port", "--registration-dir",
+    for flag in ("--endpoint", "--node-id", "--root", "--metrics-port", "--healthz-port", "--registration-dir",
                  "--authorize", "--deliveries"):
         assert flag in out
     r = subprocess.run([sys.executable, "-m", "csi_bridge", "--endpoint", "unix:///tmp/x.sock"],
