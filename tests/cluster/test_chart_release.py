@@ -155,11 +155,11 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         pods = wait_for(lambda: items(cluster, "pods", selector, namespace), what="the operator Pod", every=0.3)
         assert_restricted(pods[0]["spec"], containers(pods[0]["spec"])["operator"])
 
-        # -- bridge: privileged plugin, Bidirectional, sidecars, hostPaths ------------------
+        # -- bridge: privileged plugin, Bidirectional, no sidecar, hostPaths ----------------
         ds = get(cluster, "daemonset", "-n", namespace, f"{full}-bridge")
         bspec = ds["spec"]["template"]["spec"]
         cs = containers(bspec)
-        assert set(cs) == {"bridge", "liveness-probe"}  # builtin registration: no root registrar
+        assert set(cs) == {"bridge"}  # builtin: the bridge registers and serves /healthz itself
         plugin = cs["bridge"]
         assert plugin["securityContext"]["privileged"] is True
         mounts = {m["name"]: m for m in plugin["volumeMounts"]}
@@ -180,10 +180,9 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert "--authorize=api" in plugin["args"] and "--deliveries" in plugin["args"]
         assert {"--gc-high-water-percent=70", "--gc-low-water-percent=50",  # GC on by default
                 "--gc-interval=60"} <= set(plugin["args"])
-        assert plugin["livenessProbe"]["httpGet"]["port"] == "healthz"
-        probe = cs["liveness-probe"]
-        assert probe["args"] == ["--csi-address=/csi/csi.sock", "--health-port=9808"]
-        assert_restricted(bspec, probe)
+        assert "--healthz-port=9808" in plugin["args"]
+        assert plugin["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz", "scheme": "HTTP"}
+        assert {"name": "healthz", "containerPort": 9808, "protocol": "TCP"} in plugin["ports"]
         assert_only_bridge_privileged_or_root(pod_spec, bspec)
 
         # -- CSIDriver, CRDs, Services, RBAC ------------------------------------------------
@@ -278,6 +277,60 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
     assert items(cluster, "secrets", f"owner=helm,name={release}", namespace) == []
     for name in CRDS:
         assert get(cluster, "crd", name)["metadata"]["name"] == name
+
+
+PROBE_TIMINGS = {"initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 3,
+                 "failureThreshold": 5}
+
+
+def rendered_bridge(helm, bridge_values: dict) -> dict:
+    """The bridge DaemonSet's Pod spec as Helm renders it with ``bridge_values``: a release
+    of the bridge alone, installed (Helm's library renders only against an API server) and
+    uninstalled again."""
+    import yaml
+
+    release = f"lp-{uuid.uuid4().hex[:6]}"
+    manifest = helm.install(release, {"crds": {"enabled": False}, "operator": {"enabled": False},
+                                      "csiDriver": {"create": False}, "bridge": bridge_values})["manifest"]
+    try:
+        ds, = (d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "DaemonSet")
+        return ds["spec"]["template"]["spec"]
+    finally:
+        helm.uninstall(release)
+
+
+def test_bridge_liveness_probe_calls_the_csi_probe_in_both_registration_modes(helm):
+    """builtin: the bridge serves /healthz itself (--healthz-port); sidecar: the CSI
+    project's livenessprobe does. kubelet's probe of the plugin container is the same."""
+    builtin = containers(rendered_bridge(helm, {}))
+    assert set(builtin) == {"bridge"}
+    assert "--healthz-port=9808" in builtin["bridge"]["args"]
+    assert builtin["bridge"]["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "healthz"}, **PROBE_TIMINGS}
+    assert {"name": "healthz", "containerPort": 9808, "protocol": "TCP"} in builtin["bridge"]["ports"]
+
+    spec = rendered_bridge(helm, {"registration": {"mode": "sidecar"}, "livenessProbe": {"port": 9911}})
+    sidecar = containers(spec)
+    assert set(sidecar) == {"bridge", "node-driver-registrar", "liveness-probe"}
+    assert not any(a.startswith("--healthz-port") for a in sidecar["bridge"]["args"])
+    assert sidecar["bridge"]["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "healthz"}, **PROBE_TIMINGS}
+    assert {"name": "healthz", "containerPort": 9911, "protocol": "TCP"} in sidecar["bridge"]["ports"]
+    assert sidecar["liveness-probe"]["args"] == ["--csi-address=/csi/csi.sock", "--health-port=9911"]
+    assert_restricted(spec, sidecar["liveness-probe"])
+
+    # on the node's network with a bind address, kubelet probes that address
+    host = containers(rendered_bridge(helm, {"hostNetwork": True, "bindAddress": "127.0.0.1"}))
+    assert host["bridge"]["livenessProbe"]["httpGet"] == {"host": "127.0.0.1", "path": "/healthz",
+                                                         "port": "healthz"}
+    assert {"--metrics-address=127.0.0.1", "--healthz-port=9808"} <= set(host["bridge"]["args"])
+
+    for mode in ("builtin", "sidecar"):
+        off = containers(rendered_bridge(helm, {"registration": {"mode": mode},
+                                                "livenessProbe": {"enabled": False}}))
+        assert "livenessProbe" not in off["bridge"] and "liveness-probe" not in off
+        assert not any(a.startswith("--healthz-port") for a in off["bridge"]["args"])
+        assert "healthz" not in {p["name"] for p in off["bridge"]["ports"]}
 
 
 @pytest.mark.parametrize("values, complaint", [
@@ -399,7 +452,7 @@ def test_a_vendor_owner_image_replaces_the_project_image(cluster, namespace, hel
 
 def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):
     """The DaemonSet controller makes a real bridge Pod once a Node exists, and the API
-    server admits it: privileged plugin, Bidirectional propagation, non-root sidecar."""
+    server admits it: privileged plugin, Bidirectional propagation, its own liveness probe."""
     release = f"nd-{uuid.uuid4().hex[:6]}"
     node = f"chart-node-{uuid.uuid4().hex[:6]}"
     helm.install(release, {"crds": {"enabled": False}, "operator": {"enabled": False}})
@@ -415,7 +468,7 @@ def test_bridge_pod_is_admitted_on_a_node(cluster, namespace, helm):
         assert cs["bridge"]["securityContext"]["privileged"] is True
         assert {m["mountPath"]: m.get("mountPropagation") for m in cs["bridge"]["volumeMounts"]}[
             "/var/lib/kubelet/pods"] == "Bidirectional"
-        assert_restricted(spec, cs["liveness-probe"])
+        assert set(cs) == {"bridge"} and cs["bridge"]["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert_only_bridge_privileged_or_root(spec)
     finally:
         cluster.kubectl("delete", "node", node, "--ignore-not-found")
