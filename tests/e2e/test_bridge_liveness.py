@@ -122,4 +122,5 @@ def test_kubelet_restarts_a_frozen_bridge_and_the_driver_stays_registered(world)
              what=f"{DRIVER} on the CSINode of {node}")
     # the restarted bridge serves kubelet: a new model's owner gets its volume
     story = world.ready("e2e-bridge-liveness", world.revs.a)
-    print(f"\nfrozen bridge restarted after {restarted_after:.0f} s; model Ready on {story.name}")
+    print(f"\nfrozen bridge restarted after {restarted_after:.0f} s; then model {story.name} Ready in "
+          f"{story.namespace}")
