@@ -90,7 +90,7 @@ def fetch_pinned_wheels(pins: list[str], wheelhouse: Path, pip: Path) -> list[Pa
     """The wheels of ``pins`` in ``wheelhouse``, downloading only those it lacks.
 
     PyPI's answers here carry no caching headers, so pip's own cache keeps nothing and every
-    ``pip download`` would fetch the 2 GB again: the wheelhouse is what makes the second
+    ``pip download`` would fetch the 2.2 GiB again: the wheelhouse is what makes the second
     install (the image after the venv, a new base, a new venv) free. Wheels of other
     versions (an older pin) are deleted."""
     download_wheelhouse(pins, wheelhouse, pip, deps=False)
