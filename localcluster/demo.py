@@ -25,8 +25,8 @@ With ``--backend torch`` the model is a Hugging Face checkpoint instead: a tiny
 Llama-style one that ``resident bundle make-demo --format hf`` makes (random weights, a
 real tokenizer), in three revisions: A, B with 5% of A's rows changed (applied in place)
 and C with B's config.json changed (a new module: reload). The owner runs the torch
-backend in the owner-torch image (the project image plus the ``torch`` extra, CPU build;
-built on first use, about 1.5 minutes, then cached), which the model names in
+backend in the owner-torch image (the project image plus torch for the CPU, 2.4 GiB;
+built on first use, about 5 minutes, then cached), which the model names in
 ``spec.runtime.image``; the install's default owner image stays the small one.
 """
 
@@ -100,7 +100,7 @@ def demo_model(backend: str, work: Path, size_mib: int) -> DemoModel:
         digests, dirs = make_hf_bundles(work, size_mib * 2**20)
         stamp(f"generated a {size_mib} MiB Hugging Face checkpoint (Llama-style) in 3 revisions under {work}")
         show_revisions(digests)
-        stamp("owner-torch image (project image + the torch extra; about 1.5 min the first time) ...")
+        stamp("owner-torch image (project image + torch for the CPU; about 5 min the first time) ...")
         image = owner_torch_image()
         stamp(f"owner-torch image {image[0]}")
         return DemoModel(digests, dirs, [("A->B rows", "b", False), ("B->C config", "c", False)],
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu (default): the project's numpy model in 4 revisions; torch: a tiny "
                              "Hugging Face Llama-style checkpoint in 3 revisions (rows in place, config "
                              "change by reload), served by the torch backend from the owner-torch image "
-                             "(built on first use, about 1.5 minutes; needs the torch extra, which "
+                             "(built on first use, about 5 minutes; needs torch, which "
                              "scripts/bootstrap installs)")
     parser.add_argument("--size-mib", type=int, default=None,
                         help="weights size of the demo model in MiB (default 64 for cpu, 4 for torch; "

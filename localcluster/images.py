@@ -12,10 +12,10 @@ Images, each an OCI image-layout tarball (:mod:`localcluster.oci_layout`) that
   (:mod:`localcluster.wheel_layer`, keyed by the tree digest). A changed tree rebuilds
   only the small second layer; an unchanged tree rebuilds nothing.
 - **owner-torch** (``resident.local/owner-torch:<hash>``), built only when asked for: the
-  project image with the ``torch`` extra in a layer between base and wheel
-  (:mod:`localcluster.torch_layer`, keyed by the base and the extra's requirements), for
-  owners with ``runtime.backend: torch``. Its layers and images are pruned apart from the
-  project's, so building it never evicts a base layer.
+  project image with the torch backend for the CPU in a layer between base and wheel
+  (:mod:`localcluster.torch_layer`, keyed by the base, the ``torch-deps`` extra and
+  ``torch-cpu.txt``), for owners with ``runtime.backend: torch``. Its layers and images are
+  pruned apart from the project's, so building it never evicts a base layer.
 
 Everything lives under ``<cache>/images`` (``/var/cache/resident/images``), written to
 temporary names and renamed into place, and built under a file lock so two test sessions
@@ -45,7 +45,7 @@ from .binaries import apt_install
 from .gobuild import build_lock, cache_root
 from .oci_layout import ContainerConfig, Layer, image_manifest, pack_layer, write_image_layout
 from .rootfs import DEBIAN_PACKAGES, DPKG_OPTIONS, MIRROR, SUITE, USER_ID, VENV, build_rootfs_tar, python_requirements
-from .torch_layer import build_torch_layer_tar, torch_requirements
+from .torch_layer import PINS, build_torch_layer_tar, torch_pins, torch_requirements
 from .wheel_layer import build_wheel, project_files, tree_digest, wheel_layer_tar
 
 log = logging.getLogger(__name__)
@@ -267,8 +267,9 @@ def project_image(repo: Path = REPO, cache: Path | None = None) -> tuple[str, Pa
 
 # -- owner-torch -----------------------------------------------------------------------
 def torch_key(repo: Path = REPO) -> str:
-    """The torch layer's key: the base it sits on and the torch extra's requirements."""
-    return _key(RECIPE, base_key(repo), torch_requirements(repo / "pyproject.toml"))
+    """The torch layer's key: the base it sits on, the ``torch-deps`` extra's requirements
+    and the pins of ``torch-cpu.txt``."""
+    return _key(RECIPE, base_key(repo), torch_requirements(repo / "pyproject.toml"), torch_pins(repo / PINS))
 
 
 def _torch_layer(repo: Path, cache: Path, facts: dict) -> Layer:
@@ -279,8 +280,8 @@ def _torch_layer(repo: Path, cache: Path, facts: dict) -> Layer:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="resident-torch-", dir=cache) as tmp:
         layer_tar = Path(tmp) / "torch.tar"
-        build_torch_layer_tar(layer_tar, torch_requirements(repo / "pyproject.toml"), facts["freeze"],
-                              facts["purelib"], _pip())
+        build_torch_layer_tar(layer_tar, torch_requirements(repo / "pyproject.toml"), torch_pins(repo / PINS),
+                              facts["freeze"], facts["purelib"], _pip())
         # level 1: the layer is mostly compiled code that never leaves this machine
         layer = pack_layer(layer_tar, cache / f"torch-{key}.tar.gz", compresslevel=1)
     _write_meta(meta, layer.to_json())

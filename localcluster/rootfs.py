@@ -53,14 +53,16 @@ def python_requirements(pyproject: Path) -> list[str]:
     return sorted(deps)
 
 
-def download_wheelhouse(requirements: list[str], dest: Path, pip: Path, constraints: Path | None = None) -> None:
+def download_wheelhouse(requirements: list[str], dest: Path, pip: Path, constraints: Path | None = None,
+                        deps: bool = True) -> None:
     """Binary wheels for ``requirements`` and all their dependencies (this CPython, amd64),
-    within ``constraints`` (a pip constraints file) if given."""
+    within ``constraints`` (a pip constraints file) if given; with ``deps=False``, for
+    ``requirements`` alone."""
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "requirements.txt").write_text("\n".join(requirements) + "\n")
     limit = ["-c", str(constraints)] if constraints else []
     _run([str(pip), "download", "-q", "--only-binary=:all:", "-d", str(dest), "-r", str(dest / "requirements.txt"),
-          *limit], "downloading the Python dependencies")
+          *limit, *([] if deps else ["--no-deps"])], "downloading the Python dependencies")
 
 
 def build_rootfs_tar(out_tar: Path, requirements: list[str], pip: Path) -> dict:

@@ -1,6 +1,6 @@
 """A Hugging Face checkpoint served by the torch backend on the local node.
 
-The owner runs in the owner-torch image (the project image plus the ``torch`` extra,
+The owner runs in the owner-torch image (the project image plus torch for the CPU,
 :func:`localcluster.images.owner_torch_image`), named by ``spec.runtime.image``; the
 install's own owner image stays the small one. Its answers through the Service's endpoint
 are compared with what transformers itself generates greedily in this process for the same

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -252,33 +253,80 @@ def test_project_tree_and_requirements_errors_are_clear(tmp_path):
     assert python_requirements(bad) == ["a", "b>=1"]
 
 
-def test_torch_layer_takes_only_what_the_base_lacks_and_refuses_gpu_builds(tmp_path):
+def test_torch_layer_takes_only_what_the_base_lacks_and_refuses_unpinned_gpu_builds(tmp_path):
     from localcluster.rootfs import RootfsError
-    from localcluster.torch_layer import new_wheels, torch_requirements
+    from localcluster.torch_layer import new_wheels, torch_pins, torch_requirements
 
     def wheelhouse(*names):
         d = tmp_path / f"w{len(list(tmp_path.iterdir()))}"
         d.mkdir()
         for n in names:
             (d / n).touch()
-        return d
+        return list(d.glob("*.whl"))
 
     base = ["numpy==2.4.6", "PyYAML==6.0.4", "typing_extensions==4.16.0"]
-    cpu = wheelhouse("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "numpy-2.4.6-cp311-x.whl",
+    pins = ["nvidia-cuda-runtime==13.0.96", "torch==2.13.0"]
+    cpu = wheelhouse("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl", "numpy-2.4.6-cp311-x.whl",
+                     "nvidia_cuda_runtime-13.0.96-py3-none-x.whl",
                      "pyyaml-6.0.4-cp311-x.whl", "typing_extensions-4.16.0-py3-none-any.whl",
                      "transformers-5.24.0-py3-none-any.whl")
-    assert [w.name.split("-")[0] for w in new_wheels(cpu, base)] == ["torch", "transformers"]
-    for gpu in ("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl", "nvidia_cublas_cu12-12.8-py3-none-x.whl"):
+    assert [w.name.split("-")[0] for w in new_wheels(cpu, base, pins)] == [
+        "nvidia_cuda_runtime", "torch", "transformers"]
+    for gpu in ("triton-3.7.1-cp311-cp311-x.whl", "nvidia_cusolver-12.0.4.66-py3-none-x.whl",
+                "nvidia_cuda_runtime-13.0.48-py3-none-x.whl", "cuda_bindings-13.5.0-cp311-x.whl"):
         with pytest.raises(RootfsError, match="GPU builds"):
-            new_wheels(wheelhouse("torch-2.13.0+cpu-cp311-x.whl", gpu), base)
+            new_wheels(wheelhouse("torch-2.13.0-cp311-x.whl", gpu), base, pins)
+    with pytest.raises(RootfsError, match="GPU builds"):
+        new_wheels(wheelhouse("torch-2.14.1-cp311-x.whl"), base, pins)
     with pytest.raises(RootfsError, match="no torch wheel"):
-        new_wheels(wheelhouse("transformers-5.24.0-py3-none-any.whl"), base)
+        new_wheels(wheelhouse("transformers-5.24.0-py3-none-any.whl"), base, pins)
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text("[project]\nname = 'x'\n")
-    with pytest.raises(RootfsError, match="no \\[project.optional-dependencies\\] torch"):
+    with pytest.raises(RootfsError, match="no \\[project.optional-dependencies\\] torch-deps"):
         torch_requirements(pyproject)
-    pyproject.write_text("[project.optional-dependencies]\ntorch = ['torch==2.13.0', 'a']\n")
-    assert torch_requirements(pyproject) == ["a", "torch==2.13.0"]
+    pyproject.write_text("[project.optional-dependencies]\ntorch-deps = ['transformers', 'a']\n")
+    assert torch_requirements(pyproject) == ["a", "transformers"]
+    pins_file = tmp_path / "torch-cpu.txt"
+    pins_file.write_text("# comment\ntorch==2.13.0\n\nnvidia-cublas==13.1.1.3  # why\n")
+    assert torch_pins(pins_file) == ["nvidia-cublas==13.1.1.3", "torch==2.13.0"]
+    pins_file.write_text("torch>=2.13\n")
+    with pytest.raises(RootfsError, match="exact versions"):
+        torch_pins(pins_file)
+    pins_file.write_text("nvidia-cublas==13.1.1.3\n")
+    with pytest.raises(RootfsError, match="does not pin torch"):
+        torch_pins(pins_file)
+
+
+def test_the_torch_wheelhouse_keeps_the_pinned_wheels_only(tmp_path):
+    """What pip downloaded stays for the next install; wheels of other versions go."""
+    from localcluster.rootfs import RootfsError
+    from localcluster.torch_layer import fetch_pinned_wheels
+
+    pip = tmp_path / "pip"   # stands in for `pip download`, which finds every wheel present
+    pip.write_text("#!/bin/sh\nexit 0\n")
+    pip.chmod(0o755)
+    house = tmp_path / "wheels"
+    house.mkdir()
+    for name in ("torch-2.13.0-cp311-x.whl", "torch-2.12.1-cp311-x.whl", "nvidia_cublas-13.1.1.3-py3-none-x.whl"):
+        (house / name).touch()
+    pins = ["nvidia-cublas==13.1.1.3", "torch==2.13.0"]
+    assert [w.name for w in fetch_pinned_wheels(pins, house, pip)] == [
+        "nvidia_cublas-13.1.1.3-py3-none-x.whl", "torch-2.13.0-cp311-x.whl"]
+    assert sorted(w.name for w in house.glob("*.whl")) == [
+        "nvidia_cublas-13.1.1.3-py3-none-x.whl", "torch-2.13.0-cp311-x.whl"]
+    with pytest.raises(RootfsError, match="no wheel for .*nvidia-nccl-cu13"):
+        fetch_pinned_wheels([*pins, "nvidia-nccl-cu13==2.29.7"], house, pip)
+
+
+def test_the_repositorys_torch_cpu_pins_torch_as_the_extra_does():
+    """The CPU-only install and the normal extra install the same torch."""
+    from localcluster.images import REPO
+    from localcluster.torch_layer import torch_pins
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["torch"]
+    pinned_torch = [p for p in torch_pins(REPO / "torch-cpu.txt") if p.startswith("torch==")]
+    assert pinned_torch and pinned_torch[0] in extra
+    assert "resident[torch-deps]" in extra
 
 
 def test_torch_layers_and_images_are_pruned_apart_from_the_project_cache(tmp_path):
