@@ -136,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             store = (stack.enter_context(loop_filesystem("xfs", store_size)) if args.store_fs == "xfs"
                      else None)
             cluster = stack.enter_context(LocalCluster())
-            server = stack.enter_context(BundleServer(work / "served", work / "logs"))
+            kubernetes_version = cluster.version
+            # the bundle server listens on this machine's loopback; the bridge's Pod reaches it
+            # at the address the cluster knows it by (server.url), pushes go to local_url
+            server = stack.enter_context(BundleServer(work / "served", work / "logs", cluster=cluster))
             server.push(dirs["a"])
             installation = install(cluster, bridge_root=store)
             cluster.kubectl("create", "namespace", "bench")
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "chunk_bytes": CHUNK,
-                      "store_fs": args.store_fs,
+                      "store_fs": args.store_fs, "kubernetes": kubernetes_version,
                       "arms": {k: list(v[:1]) + [v[1], v[2]] for k, v in ARMS.items()}},
            **benchkit.provenance(machine_before, benchkit.machine()),
            "samples": samples, "status_lag_seconds": lags}

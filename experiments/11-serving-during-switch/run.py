@@ -3,21 +3,23 @@
 Resident is installed with its chart on the local node (kubelet, containerd, owners in
 containers, cpu backend). Two ResidentModels serve side by side: ``solo`` (1 replica) and
 ``pair`` (2 replicas, maxUnavailable 1). During every sample a closed loop of 4 clients
-calls the model through its Service's Endpoints, as kube-proxy would route
-(``localcluster.traffic``). Arms (n rounds, order alternating each round), each a switch to a
-fresh revision with 0.5% of rows changed:
+calls the model at its Service's ClusterIP, each request on a new connection, so the
+node's kube-proxy picks a ready owner for each (``localcluster.traffic``). Arms (n rounds,
+order alternating each round), each a switch to a fresh revision with 0.5% of rows changed:
 
 - ``in_place``:  ``solo``, strategy InPlace;
-- ``reload_pair``: ``pair``, strategy Reload (owners drain and leave the Endpoints one at a time);
+- ``reload_pair``: ``pair``, strategy Reload (owners drain and leave the endpoints one at a time);
 - ``reload_solo``: ``solo``, strategy Reload (nowhere to drain to: 503 + Retry-After in the gap).
 
 Per sample: requests and failed requests in the switch window (from the spec patch until
-every owner is Ready on the new revision), connection resets among them, p99 latency in
-the window and in the steady 3 s before it, the unavailable window (from the first request
-not answered 200, a 503 from the owner or no ready endpoint at all, to the last one) and
-the owners' own reload time (``lastTransition.durations.ownerSeconds``), and whether each
-answer's revision is one of the two. A 503 or an empty Endpoints list makes the client
-wait 50 ms before its next try, as a client honouring ``Retry-After`` would, only sooner. ``python run.py [--rounds N] [--size-mib M]``; results in ``<size>mib/``.
+every owner is Ready on the new revision), connection resets among them and connections
+refused apart (kube-proxy refuses a connection to a Service with no ready endpoint), p99
+latency in the window and in the steady 3 s before it, the unavailable window (from the
+first request not answered 200, a 503 from the owner or a connection error, to the last
+one) and the owners' own reload time (``lastTransition.durations.ownerSeconds``), and
+whether each answer's revision is one of the two. A 503 or a connection error makes the
+client wait 50 ms before its next try, as a client honouring ``Retry-After`` would, only
+sooner. ``python run.py [--rounds N] [--size-mib M] [--out D]``; results in ``<size>mib/``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import benchkit  # noqa: E402
 
 ARMS = {"in_place": ("solo", "InPlace"), "reload_pair": ("pair", "Reload"),
         "reload_solo": ("solo", "Reload")}
-MODELS = {"solo": (1, 8080, 8000), "pair": (2, 8180, 8100)}   # replicas, control, http base
+MODELS = {"solo": (1, 8080, 8000), "pair": (2, 8180, 8100)}   # replicas, control port, serving port
 STEADY_SECONDS = 3.0
 
 
@@ -56,6 +58,9 @@ def recompute(raw: dict) -> dict:
             "resets_total": sum(s["resets"] for s in samples),
             "requests_total": sum(s["requests"] for s in samples),
             "mixed_total": sum(s["foreign_revision"] for s in samples),
+            # counted apart from resets since the switch to the ClusterIP; earlier raw.json lack it
+            **({"refused_total": sum(s["refused"] for s in samples)}
+               if all("refused" in s for s in samples) else {}),
             **{key: benchkit.stats([s[key] for s in samples])
                for key in ("window_p99_over_steady_p99", "window_seconds", "unavailable_seconds",
                            "owner_seconds")}}
@@ -71,6 +76,19 @@ def wait_until(what: str, probe):
     return benchkit.wait_until(what, probe, timeout=300.0, every=0.05)
 
 
+def ready_endpoints(discovery, namespace: str, service: str) -> int:
+    """How many ready endpoints the Service's EndpointSlices list (what kube-proxy follows)."""
+    slices = discovery.list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={service}").items
+    return sum(1 for s in slices for e in (s.endpoints or []) if e.conditions.ready)
+
+
+def refused(answer) -> bool:
+    """A connection refused: kube-proxy's answer for a Service with no ready endpoint (or
+    an endpoint whose port is not open)."""
+    return answer.status == 0 and "refused" in answer.error.lower()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
@@ -79,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or HERE / f"{args.size_mib}mib"
 
+    from kubernetes import client
+
     from bundle.demo import make_revision
     from localcluster.install import install
     from localcluster.node import LocalCluster
     from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
-    from localcluster.traffic import ClosedLoop, EndpointsFollower
+    from localcluster.traffic import ClosedLoop
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp11-"))
     before = benchkit.machine()
@@ -93,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         for k in "bcd":
             shutil.rmtree(dirs[k])
         cluster = stack.enter_context(LocalCluster())
-        server = stack.enter_context(BundleServer(work / "served", work / "logs"))
+        kubernetes_version = cluster.version
+        # on this machine's loopback; the bridge's Pod reaches it at server.url, pushes use local_url
+        server = stack.enter_context(BundleServer(work / "served", work / "logs", cluster=cluster))
         server.push(dirs["a"])
         installation = install(cluster)
         cluster.kubectl("create", "namespace", "bench")
@@ -104,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             body["spec"].update(replicas=replicas, serving={"port": http})
             story = stories[name] = Story(cluster, "bench", name, installation.bridge_root)
             story.apply(body)
+        discovery = client.DiscoveryV1Api(cluster.api_client())
         for name, story in stories.items():
             story.wait_ready(revs.a)
-            follower = stack.enter_context(EndpointsFollower(story.core, "bench", name))
-            wait_until(f"{name} in its Endpoints",
-                       lambda f=follower, n=name: len(f.addresses) == MODELS[n][0])
-            loads[name] = stack.enter_context(ClosedLoop(follower.pick, name))
+            wait_until(f"{name} in its EndpointSlices",
+                       lambda n=name: ready_endpoints(discovery, "bench", n) == MODELS[n][0])
+            loads[name] = stack.enter_context(ClosedLoop(story.service_address(), name))
         live = {"dir": dirs["a"], "n": 0, "digest": revs.a}
 
         def arm(name: str):
@@ -139,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                     "model": model, "strategy": last["strategy"], "result": last["result"],
                     "requests": len(window), "failed": sum(1 for a in window if not a.ok),
                     "errors": sorted({f"{a.status} {a.error[:80]}" for a in window if not a.ok})[:5],
-                    "resets": sum(1 for a in window if a.status == 0),
+                    "resets": sum(1 for a in window if a.status == 0 and not refused(a)),
+                    "refused": sum(1 for a in window if refused(a)),
                     "retry_after_on_every_503": all(a.retry_after for a in window if a.status == 503),
                     "foreign_revision": sum(1 for a in window if a.ok and a.revision not in (old, digest)),
                     "window_seconds": round(t1 - t0, 4),
@@ -156,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
         samples = benchkit.run_rounds(args.rounds, {name: arm(name) for name in ARMS})
     raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "clients": 4,
+                      "kubernetes": kubernetes_version, "traffic": "ClusterIP (kube-proxy)",
                       "models": MODELS, "arms": ARMS, "steady_seconds": STEADY_SECONDS},
            **benchkit.provenance(before, benchkit.machine()), "samples": samples}
     summary = recompute(raw)
@@ -163,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     benchkit.write(out, raw, summary)
     for arm_name, figures in summary["arms"].items():
         print(f"{arm_name:<12} failed {figures['failed_total']}/{figures['requests_total']}, "
-              f"resets {figures['resets_total']}")
+              f"resets {figures['resets_total']}, refused {figures.get('refused_total', '-')}")
     for name, value in summary["ratios"].items():
         print(f"{name:<45} {value:6.2f}x")
     return 0

@@ -26,6 +26,6 @@ for folder in folders:
     summary = json.loads((folder / "summary.json").read_text())
     for arm, figures in summary["arms"].items():
         print(f"  {arm:<12} failed {figures['failed_total']}/{figures['requests_total']}, "
-              f"resets {figures['resets_total']}")
+              f"resets {figures['resets_total']}, refused {figures.get('refused_total', '-')}")
     for name, value in summary["ratios"].items():
         print(f"  {name:<45} {value:6.2f}x")
