@@ -1,8 +1,9 @@
 """The e2e layer's shared node: one LocalCluster with Resident installed by its chart,
 demo bundles in four revisions on a bundle server, for every test of this folder that
 asks for ``world``. It is set up when first needed and stopped at the end of the session;
-the node tests (``test_node_*``, which run first by name) start and stop clusters of
-their own before it exists (one kubelet per machine)."""
+tests that start and stop clusters of their own (the node tests, the copied-digest and
+mount-failure tests) run before it exists, whatever their names: one kubelet per machine
+(:func:`pytest_collection_modifyitems` orders them)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ class World(NamedTuple):
                                chunk_size=CHUNK).digest
         self.server.push(target)
         return digest
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests without ``world`` first (they start clusters of their own), then the rest, each
+    group in its collected order: the shared cluster holds the machine's node lock from its
+    first use to the end of the session."""
+    items.sort(key=lambda item: "world" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="package")

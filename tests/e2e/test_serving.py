@@ -10,6 +10,7 @@ probes).
 
 from __future__ import annotations
 
+import json
 import time
 
 import openai
@@ -29,6 +30,26 @@ def ready_endpoints(story) -> list[str]:
                   for port in (s.ports or []) if port.name == "http")
 
 
+def call_from_a_pod(story, url: str) -> dict:
+    """GET ``url`` from a Pod in the model's namespace (the project image's Python, as an
+    application would); returns the JSON answer."""
+    from kubernetes import client
+
+    name = f"caller-{int(time.time() * 1000) % 100000}"
+    image = story.owner_pods()[0].spec.containers[0].image
+    story.core.create_namespaced_pod(story.namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
+            name="main", image=image, image_pull_policy="Never", command=[
+                "python3", "-c", f"import urllib.request; print(urllib.request.urlopen('{url}', timeout=20).read().decode())"])])))
+    done = wait_for(lambda: story.core.read_namespaced_pod(name, story.namespace).status.phase in ("Succeeded", "Failed")
+                    and story.core.read_namespaced_pod(name, story.namespace), timeout=90, what=f"{name} finished")
+    logs = story.core.read_namespaced_pod_log(name, story.namespace)
+    story.core.delete_namespaced_pod(name, story.namespace, grace_period_seconds=0)
+    assert done.status.phase == "Succeeded", logs
+    return json.loads(logs)
+
+
 def test_openai_client_completes_through_the_service_and_endpoints_follow_readiness(world):
     story = world.ready("e2e-serve", world.revs.a, replicas=2)
     rm = story.get()
@@ -42,6 +63,8 @@ def test_openai_client_completes_through_the_service_and_endpoints_follow_readin
         done = api.completions.create(model="story", prompt="Resident keeps", max_tokens=5)
         assert done.system_fingerprint == world.revs.a and done.choices[0].text
     assert [m.id for m in api.models.list().data] == ["story"]
+    # a Pod in the model's namespace calls status.endpoint by its DNS name (cluster DNS)
+    assert call_from_a_pod(story, f"{rm['status']['endpoint']}/v1/models")["data"][0]["id"] == "story"
     # an owner that goes away leaves the EndpointSlice
     pod = story.core.list_namespaced_pod(story.namespace, label_selector="resident.dev/slot=1").items[0]
     story.core.delete_namespaced_pod(pod.metadata.name, story.namespace)
@@ -109,3 +132,33 @@ def test_reload_of_one_replica_answers_503_with_retry_after_never_a_reset(world)
     assert all(a.retry_after for a in answers if a.status == 503)
     assert {a.revision for a in answers if a.ok} == {old, new}
     story.delete_and_wait_gone()
+
+
+def test_owners_on_host_networking_still_serve_through_the_service(world):
+    """The chart's host-networking option, for clusters that want it: owners in the node's
+    network namespace, replica k on port 8000+k, behind the same Service and ClusterIP."""
+    from localcluster.install import local_values
+
+    inst, cluster = world.installation, world.cluster
+
+    def upgrade(owner: dict) -> None:
+        values = local_values(inst.image, inst.bridge_root)
+        values["operator"] = {"owner": owner}
+        inst.helm.upgrade(inst.release, values=values)
+        for deployment in cluster.kubectl("get", "deployments", "-n", inst.namespace, "-o", "name").stdout.split():
+            cluster.kubectl("rollout", "status", deployment, "-n", inst.namespace, "--timeout=180s")
+
+    upgrade({"hostNetwork": True})
+    try:
+        story = world.ready("e2e-serve-host", world.revs.a, replicas=2)
+        pods = story.owner_pods()
+        assert all(p.spec.host_network and p.status.pod_ip == cluster.node.address for p in pods)
+        endpoints = wait_for(lambda: len(ready_endpoints(story)) == 2 and ready_endpoints(story), timeout=120,
+                             what="two ready endpoints", every=0.1)
+        assert endpoints == [f"{cluster.node.address}:8000", f"{cluster.node.address}:8001"]
+        api = openai.OpenAI(base_url=f"http://{story.service_address()}/v1", api_key="unused", max_retries=0)
+        done = api.completions.create(model="story", prompt="Resident keeps", max_tokens=5)
+        assert done.system_fingerprint == world.revs.a and done.choices[0].text
+        story.delete_and_wait_gone()
+    finally:
+        upgrade({})
