@@ -214,7 +214,8 @@ def _resources_problems(spec: ModelSpec) -> list[str]:
         if not isinstance(section, dict):
             out.append(f"spec.runtime.resources.{part} must be a map of resource to quantity")
             continue
-        cards = sorted(k for k in section if k in KNOWN_ACCELERATORS or k == spec.accelerator)
+        cards = sorted(k for k in section
+                       if k in KNOWN_ACCELERATORS or (spec.cards and k == spec.accelerator))
         if cards:
             out.append(f"spec.runtime.resources.{part} names {', '.join(cards)}: the card comes "
                        "from spec.accelerator (exactly one per owner), not from resources")

@@ -64,6 +64,11 @@ def test_semantic_problems_are_named(over, needle):
         check_spec(raw(**over), WITH_IMAGE)
 
 
+def test_a_cpu_resource_on_the_cpu_is_no_card():
+    s = parse_spec(raw(runtime={"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}}))
+    assert spec_problems(s, WITH_IMAGE) == []
+
+
 def test_slot_port_ranges_must_not_overlap_on_host_networking():
     s = parse_spec(raw(replicas=3, runtime={"port": 8080}, serving={"port": 8082}))
     assert spec_problems(s, WITH_IMAGE) == []      # own network namespaces: bases only
