@@ -84,7 +84,7 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         port, = svc.spec.ports
         assert (port.name, port.port, port.target_port) == ("http", 8000, "http")
         assert svc.metadata.owner_references[0].uid == uid
-        pdb = api.custom.get_namespaced_custom_object("policy", "v1beta1", namespace,
+        pdb = api.custom.get_namespaced_custom_object("policy", "v1", namespace,
                                                       "poddisruptionbudgets", "npu-lm")
         assert kids[("PodDisruptionBudget", "npu-lm")] == pdb["metadata"]["uid"]
         assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": svc.spec.selector}}
@@ -116,7 +116,7 @@ def test_owner_pods_carry_card_volume_token_and_owner_reference(cluster, namespa
         except ApiException as e:
             assert e.status == 404
         assert api.core.list_namespaced_service(namespace).items == []
-        assert api.custom.list_namespaced_custom_object("policy", "v1beta1", namespace,
+        assert api.custom.list_namespaced_custom_object("policy", "v1", namespace,
                                                         "poddisruptionbudgets")["items"] == []
         assert networking(api).list_namespaced_network_policy(namespace).items == []
 
@@ -125,7 +125,7 @@ def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(clust
     api = Api(cluster, namespace)
 
     def budget():
-        listed = api.custom.list_namespaced_custom_object("policy", "v1beta1", namespace,
+        listed = api.custom.list_namespaced_custom_object("policy", "v1", namespace,
                                                           "poddisruptionbudgets")["items"]
         return listed[0] if listed else {"spec": {}}
     with running_operator(namespace):
@@ -153,7 +153,7 @@ def test_the_service_and_budget_follow_the_spec_and_come_back_when_deleted(clust
         wait_for(lambda: api.core.read_namespaced_service("tiny", namespace).spec.ports[0].port == 8443,
                  timeout=10, what="the edited Service port put back")
         old_budget = budget()["metadata"]["uid"]
-        api.custom.delete_namespaced_custom_object("policy", "v1beta1", namespace,
+        api.custom.delete_namespaced_custom_object("policy", "v1", namespace,
                                                    "poddisruptionbudgets", "tiny")
         wait_for(lambda: budget().get("metadata", {}).get("uid") not in (None, old_budget)
                  and budget()["spec"].get("maxUnavailable") == 2, timeout=10,
