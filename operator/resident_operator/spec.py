@@ -1,10 +1,13 @@
-"""The ResidentModel spec as a typed value, and the rules the API server cannot check.
+"""The ResidentModel spec as a typed value, and every rule a spec must meet.
 
-The CRD schema (``crds/residentmodels.resident.dev.yaml``) enforces shapes, ranges and
-patterns. Kubernetes 1.20 has no CEL, so rules that relate two fields, or a field to the
-installation, are checked here: :func:`spec_problems` returns every problem in plain
-words. A model with problems gets ``Degraded=True`` with reason ``InvalidSpec`` and the
-operator does nothing else for it (no Pods, no deliveries) until the spec is fixed.
+The CRD (``crds/residentmodels.resident.dev.yaml``) enforces shapes, ranges and patterns,
+and its validation rules (CEL) refuse at apply the specs whose fields contradict each
+other. :func:`spec_problems` checks those rules again (the second line: a CRD installed
+by other means, objects stored before a rule existed) and adds the ones the API server
+cannot know, which depend on the installation (a default owner image, slot ports on host
+networking) or on fields the CRD leaves open (affinity). It returns every problem in
+plain words. A model with problems gets ``Degraded=True`` with reason ``InvalidSpec`` and
+the operator does nothing else for it (no Pods, no deliveries) until the spec is fixed.
 
 The decisions behind each rule are written down in ``docs/operator.md``.
 """
