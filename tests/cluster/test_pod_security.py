@@ -57,7 +57,7 @@ def test_owner_pods_are_admitted_where_restricted_is_enforced(cluster, namespace
     _enforce(cluster, namespace, "restricted")
     core = client.CoreV1Api(cluster.api_client())
     created = core.create_namespaced_pod(namespace, _owner_pod(SETTINGS))
-    assert created.spec.containers[0].name == "owner" and created.spec.host_network is False
+    assert created.spec.containers[0].name == "owner" and not created.spec.host_network
 
 
 @pytest.mark.parametrize("level", ["restricted", "baseline"])
@@ -88,9 +88,12 @@ def test_the_chart_runs_the_operator_restricted_and_the_bridge_privileged(cluste
         _enforce(cluster, namespace, "restricted")
         dry_run("operator")
         body = _refusal(lambda: dry_run("bridge"))
-        assert "privileged" in body and "hostPath volumes" in body, body
+        assert 'container \\"bridge\\" must not set securityContext.privileged=true' in body, body
+        assert 'use restricted volume type \\"hostPath\\"' in body, body
         _enforce(cluster, namespace, "baseline")
-        assert "privileged" in _refusal(lambda: dry_run("bridge"))
+        body = _refusal(lambda: dry_run("bridge"))
+        assert 'container \\"bridge\\" must not set securityContext.privileged=true' in body, body
+        assert "hostPath volumes" in body, body
         _enforce(cluster, namespace, "privileged")
         dry_run("bridge")
     finally:
