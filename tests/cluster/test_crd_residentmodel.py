@@ -8,6 +8,7 @@ import copy
 import json
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -134,3 +135,38 @@ def test_an_edit_that_breaks_a_rule_is_refused_and_the_stored_spec_stays(cluster
     assert done.returncode != 0 and "spec.serving.port: Invalid value" in done.stderr, done.stderr
     stored = json.loads(cluster.kubectl("get", "rm", "tiny", "-n", namespace, "-o", "json").stdout)
     assert stored["spec"]["serving"]["port"] == 8000 and stored["metadata"]["generation"] == 1
+
+
+def _without_rules(schema):
+    """A CRD schema with every validation rule left out, as a CRD from before them."""
+    if isinstance(schema, dict):
+        return {k: _without_rules(v) for k, v in schema.items() if k != "x-kubernetes-validations"}
+    if isinstance(schema, list):
+        return [_without_rules(v) for v in schema]
+    return schema
+
+
+def test_a_model_stored_before_the_rules_still_takes_metadata_and_status_writes(cluster, namespace, tmp_path):
+    """The operator's check is the second line: a model that breaks a rule but was stored
+    before the rule existed stays, its finalizer and status (InvalidSpec) can be written
+    (CRD validation ratcheting), an edit that keeps the error is refused, the fix passes."""
+    from localcluster.controlplane import CRD_DIR
+
+    for source in CRD_DIR.glob("*.yaml"):
+        (tmp_path / source.name).write_text(yaml.safe_dump(_without_rules(yaml.safe_load(source.read_text()))))
+    api = client.CustomObjectsApi(cluster.api_client())
+    where = (GROUP, VERSION, namespace, PLURAL)
+    cluster.install_crds(tmp_path)
+    try:
+        body = copy.deepcopy(VALID)
+        body["spec"]["accelerator"] = "nvidia.com/gpu"      # with the default backend cpu
+        _create(cluster, namespace, body)
+    finally:
+        cluster.install_crds()
+    api.patch_namespaced_custom_object(*where, "tiny", {"metadata": {"finalizers": ["resident.dev/cleanup"]}})
+    api.patch_namespaced_custom_object_status(*where, "tiny", {"status": {"phase": "Degraded"}})
+    with pytest.raises(ApiException) as err:
+        api.patch_namespaced_custom_object(*where, "tiny", {"spec": {"replicas": 2}})
+    assert "spec.runtime.backend: Invalid value" in err.value.body
+    api.patch_namespaced_custom_object(*where, "tiny", {"spec": {"runtime": {"backend": "torch"}}})
+    api.patch_namespaced_custom_object(*where, "tiny", {"metadata": {"finalizers": None}})
