@@ -3,8 +3,8 @@
 One PDB per model, named after it, selecting its owner Pods, with
 ``maxUnavailable = spec.transition.maxUnavailable`` (the bound the operator keeps during a
 rollout too). A companion child (``companions.py``): recorded, adopted, kept in line with
-the spec, deleted by UID with the model. It uses ``policy/v1`` where the API server serves
-it (1.21 and newer) and ``policy/v1beta1`` before.
+the spec, deleted by UID with the model. It is ``policy/v1``, served by every Kubernetes the
+operator supports (``policy/v1beta1`` is gone since 1.25).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from .model_state import ModelState
 from .spec import ModelSpec
 
 KIND = "PodDisruptionBudget"
+API_VERSION = "policy/v1"
 
 
-def build_disruption_budget(model: str, model_uid: str, spec: ModelSpec, api_version: str
-                            ) -> dict[str, Any]:
+def build_disruption_budget(model: str, model_uid: str, spec: ModelSpec) -> dict[str, Any]:
     return {
-        "apiVersion": api_version, "kind": KIND,
+        "apiVersion": API_VERSION, "kind": KIND,
         "metadata": {"name": naming.fit(model),
                      "labels": naming.model_labels(model, model_uid, naming.COMPONENT_BUDGET)},
         "spec": {"maxUnavailable": spec.transition.max_unavailable,
@@ -32,5 +32,5 @@ def build_disruption_budget(model: str, model_uid: str, spec: ModelSpec, api_ver
 
 
 def ensure_disruption_budget(ctx: ModelContext, state: ModelState, spec: ModelSpec) -> None:
-    wanted = build_disruption_budget(ctx.name, ctx.uid, spec, ctx.kube.api_version(KIND))
+    wanted = build_disruption_budget(ctx.name, ctx.uid, spec)
     ensure_companion(ctx, state, wanted, ("maxUnavailable", "selector"))

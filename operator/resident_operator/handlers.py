@@ -189,7 +189,7 @@ async def service_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> N
     _wake_model_of(labels, model_handles, "service")
 
 
-@kopf.on.event("policy", "poddisruptionbudgets", labels=OWNED)   # the served version
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
 async def budget_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
     _wake_model_of(labels, model_handles, "budget")
 

@@ -22,10 +22,10 @@ from . import naming
 
 log = logging.getLogger(__name__)
 CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}
-# other kinds: (group, versions in order of preference, plural)
-KINDS = {"BundleDelivery": (naming.GROUP, (naming.VERSION,), naming.DELIVERY_PLURAL),
-         "PodDisruptionBudget": ("policy", ("v1", "v1beta1"), "poddisruptionbudgets"),
-         "NetworkPolicy": ("networking.k8s.io", ("v1",), "networkpolicies")}
+# other kinds: (group, version, plural); each is GA in every Kubernetes the operator supports
+KINDS = {"BundleDelivery": (naming.GROUP, naming.VERSION, naming.DELIVERY_PLURAL),
+         "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+         "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies")}
 
 
 def load_config() -> kubernetes.client.ApiClient:
@@ -45,26 +45,14 @@ class Kube:
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
-        self._versions: dict[str, str] = {}
 
-    def api_version(self, kind: str) -> str:
-        """``group/version`` of ``kind``: the first version of KINDS the API server serves."""
+    @staticmethod
+    def api_version(kind: str) -> str:
+        """``group/version`` of ``kind``."""
         if kind in CORE_KINDS:
             return "v1"
-        if kind not in self._versions:
-            group, versions, plural = KINDS[kind]
-            self._versions[kind] = next(
-                (v for v in versions[:-1] if self._serves(group, v, plural)), versions[-1])
-        return f"{KINDS[kind][0]}/{self._versions[kind]}"
-
-    def _serves(self, group: str, version: str, plural: str) -> bool:
-        try:
-            listed = self._json(self.custom.get_api_resources(group, version, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-        return any(r.get("name") == plural for r in listed.get("resources") or [])
+        group, version, _ = KINDS[kind]
+        return f"{group}/{version}"
 
     @staticmethod
     def _json(resp: Any) -> dict[str, Any]:

@@ -1,10 +1,13 @@
-"""The ResidentModel spec as a typed value, and the rules the API server cannot check.
+"""The ResidentModel spec as a typed value, and every rule a spec must meet.
 
-The CRD schema (``crds/residentmodels.resident.dev.yaml``) enforces shapes, ranges and
-patterns. Kubernetes 1.20 has no CEL, so rules that relate two fields, or a field to the
-installation, are checked here: :func:`spec_problems` returns every problem in plain
-words. A model with problems gets ``Degraded=True`` with reason ``InvalidSpec`` and the
-operator does nothing else for it (no Pods, no deliveries) until the spec is fixed.
+The CRD (``crds/residentmodels.resident.dev.yaml``) enforces shapes, ranges and patterns,
+and its validation rules (CEL) refuse at apply the specs whose fields contradict each
+other. :func:`spec_problems` checks those rules again (the second line: a CRD installed
+by other means, objects stored before a rule existed) and adds the ones the API server
+cannot know, which depend on the installation (a default owner image, slot ports on host
+networking) or on fields the CRD leaves open (affinity). It returns every problem in
+plain words. A model with problems gets ``Degraded=True`` with reason ``InvalidSpec`` and
+the operator does nothing else for it (no Pods, no deliveries) until the spec is fixed.
 
 The decisions behind each rule are written down in ``docs/operator.md``.
 """
@@ -214,7 +217,8 @@ def _resources_problems(spec: ModelSpec) -> list[str]:
         if not isinstance(section, dict):
             out.append(f"spec.runtime.resources.{part} must be a map of resource to quantity")
             continue
-        cards = sorted(k for k in section if k in KNOWN_ACCELERATORS or k == spec.accelerator)
+        cards = sorted(k for k in section
+                       if k in KNOWN_ACCELERATORS or (spec.cards and k == spec.accelerator))
         if cards:
             out.append(f"spec.runtime.resources.{part} names {', '.join(cards)}: the card comes "
                        "from spec.accelerator (exactly one per owner), not from resources")

@@ -1,12 +1,18 @@
-"""The real API server enforces the ResidentModel schema: defaults, validation, columns."""
+"""The real API server enforces the ResidentModel schema: defaults, validation, columns,
+and the CRD's validation rules (CEL), which refuse a semantic error at ``kubectl apply``
+with a message that names the field (cases in tests/spec_refusals.py)."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from spec_refusals import ACCEPTED, REFUSALS, UNKNOWN_RESOURCES_FIELD
 
 GROUP, VERSION, PLURAL = "resident.dev", "v1alpha1", "residentmodels"
 DIGEST = "sha256:" + "ab" * 32
@@ -83,3 +89,84 @@ def test_kubectl_shows_printer_columns(cluster, namespace):
     header = out.splitlines()[0].split()
     assert header == ["NAME", "PHASE", "BUNDLE", "READY", "ENDPOINT", "AGE"]
     assert DIGEST in out
+
+
+def _apply(cluster, namespace: str, name: str, spec: dict):
+    """``kubectl apply`` of a ResidentModel, as a user would; the completed process."""
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResidentModel",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    return cluster.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+
+
+def _models(cluster, namespace: str) -> list[str]:
+    out = cluster.kubectl("get", "rm", "-n", namespace, "-o", "name").stdout
+    return out.split()
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=lambda c: c.rule)
+def test_kubectl_apply_refuses_a_semantic_error_naming_the_field(cluster, namespace, case):
+    done = _apply(cluster, namespace, "tiny", case.spec())
+    assert done.returncode != 0, done.stdout
+    assert f"{case.field}: Invalid value" in done.stderr, done.stderr
+    assert case.says in done.stderr, done.stderr
+    assert _models(cluster, namespace) == []
+
+
+def test_kubectl_apply_refuses_resources_beyond_requests_and_limits(cluster, namespace):
+    case = UNKNOWN_RESOURCES_FIELD
+    done = _apply(cluster, namespace, "tiny", case.spec())
+    assert done.returncode != 0 and case.says in done.stderr, done.stderr
+    assert _models(cluster, namespace) == []
+
+
+def test_kubectl_apply_accepts_specs_that_meet_every_rule(cluster, namespace):
+    for i, spec in enumerate(ACCEPTED):
+        done = _apply(cluster, namespace, f"ok-{i}", spec)
+        assert done.returncode == 0, done.stderr
+    assert sorted(_models(cluster, namespace)) == [f"residentmodel.resident.dev/ok-{i}"
+                                                   for i in range(len(ACCEPTED))]
+
+
+def test_an_edit_that_breaks_a_rule_is_refused_and_the_stored_spec_stays(cluster, namespace):
+    assert _apply(cluster, namespace, "tiny", ACCEPTED[0]).returncode == 0
+    broken = copy.deepcopy(ACCEPTED[0])
+    broken["serving"] = {"port": 8080}
+    done = _apply(cluster, namespace, "tiny", broken)
+    assert done.returncode != 0 and "spec.serving.port: Invalid value" in done.stderr, done.stderr
+    stored = json.loads(cluster.kubectl("get", "rm", "tiny", "-n", namespace, "-o", "json").stdout)
+    assert stored["spec"]["serving"]["port"] == 8000 and stored["metadata"]["generation"] == 1
+
+
+def _without_rules(schema):
+    """A CRD schema with every validation rule left out, as a CRD from before them."""
+    if isinstance(schema, dict):
+        return {k: _without_rules(v) for k, v in schema.items() if k != "x-kubernetes-validations"}
+    if isinstance(schema, list):
+        return [_without_rules(v) for v in schema]
+    return schema
+
+
+def test_a_model_stored_before_the_rules_still_takes_metadata_and_status_writes(cluster, namespace, tmp_path):
+    """The operator's check is the second line: a model that breaks a rule but was stored
+    before the rule existed stays, its finalizer and status (InvalidSpec) can be written
+    (CRD validation ratcheting), an edit that keeps the error is refused, the fix passes."""
+    from localcluster.controlplane import CRD_DIR
+
+    for source in CRD_DIR.glob("*.yaml"):
+        (tmp_path / source.name).write_text(yaml.safe_dump(_without_rules(yaml.safe_load(source.read_text()))))
+    api = client.CustomObjectsApi(cluster.api_client())
+    where = (GROUP, VERSION, namespace, PLURAL)
+    cluster.install_crds(tmp_path)
+    try:
+        body = copy.deepcopy(VALID)
+        body["spec"]["accelerator"] = "nvidia.com/gpu"      # with the default backend cpu
+        _create(cluster, namespace, body)
+    finally:
+        cluster.install_crds()
+    api.patch_namespaced_custom_object(*where, "tiny", {"metadata": {"finalizers": ["resident.dev/cleanup"]}})
+    api.patch_namespaced_custom_object_status(*where, "tiny", {"status": {"phase": "Degraded"}})
+    with pytest.raises(ApiException) as err:
+        api.patch_namespaced_custom_object(*where, "tiny", {"spec": {"replicas": 2}})
+    assert "spec.runtime.backend: Invalid value" in err.value.body
+    api.patch_namespaced_custom_object(*where, "tiny", {"spec": {"runtime": {"backend": "torch"}}})
+    api.patch_namespaced_custom_object(*where, "tiny", {"metadata": {"finalizers": None}})

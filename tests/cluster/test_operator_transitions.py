@@ -395,8 +395,9 @@ def test_status_follows_owner_readiness_and_an_invalid_edit_changes_nothing(clus
         assert condition({"status": s}, "Delivered")["lastTransitionTime"] == delivered_since
         assert condition({"status": s}, "Ready")["lastTransitionTime"] >= ready_since
         assert {"ModelNotReady", "ModelReady"} <= set(api.reasons("lm"))
-        # an invalid edit of a running model: a condition, and nothing else is touched
-        api.patch_spec("lm", {"runtime": {"warmup": True}, "bundle": spec_for(bundles, "rows", port)["bundle"]})
+        # an invalid edit of a running model (one the CRD's rules leave to the operator): a
+        # condition, and nothing else is touched
+        api.patch_spec("lm", {"affinity": {"nodeAfinity": {}}, "bundle": spec_for(bundles, "rows", port)["bundle"]})
         s = wait_for(lambda: condition(api.model("lm"), "Degraded").get("reason") == "InvalidSpec" and status(api),
                      what="InvalidSpec")
         pods = api.pods("resident.dev/model=lm")

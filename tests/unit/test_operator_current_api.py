@@ -36,7 +36,7 @@ def children() -> list[dict]:
                                 operator_pod_labels={"app.kubernetes.io/component": "operator"})
     objs = [build_owner_pod("tiny", "uid-1", SPEC, settings, 1, 0, DIGEST, "http://bundles:8000/tiny"),
             build_token_secret("tiny", "uid-1", "t0ken"), build_service("tiny", "uid-1", SPEC),
-            build_disruption_budget("tiny", "uid-1", SPEC, "policy/v1"),
+            build_disruption_budget("tiny", "uid-1", SPEC),
             build_control_policy("tiny", "uid-1", settings)]
     for obj in objs:
         kopf.adopt(obj, owner=MODEL)

@@ -37,7 +37,7 @@ def test_service_names_are_dns_1035_labels():
 
 def test_disruption_budget_bounds_evictions_by_max_unavailable():
     from resident_operator.disruption import build_disruption_budget
-    pdb = build_disruption_budget("tiny", "uid-1", spec(transition={"maxUnavailable": 2}), "policy/v1")
+    pdb = build_disruption_budget("tiny", "uid-1", spec(transition={"maxUnavailable": 2}))
     assert (pdb["apiVersion"], pdb["kind"], pdb["metadata"]["name"]) == \
         ("policy/v1", "PodDisruptionBudget", "tiny")
     assert pdb["spec"] == {"maxUnavailable": 2, "selector": {"matchLabels": {

@@ -1,9 +1,16 @@
-"""Spec parsing and the semantic rules the 1.20 API server cannot check."""
+"""Spec parsing and the semantic rules: the operator's own check, the second line behind
+the CRD's validation rules (whose cases are in tests/spec_refusals.py)."""
+
+from pathlib import Path
 
 import pytest
+import yaml
 
 from resident_operator.settings import OperatorSettings, SettingsError, settings_from_env
 from resident_operator.spec import SpecError, check_spec, parse_spec, spec_problems
+from spec_refusals import ACCEPTED, REFUSALS, UNKNOWN_RESOURCES_FIELD
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "residentmodels.resident.dev.yaml"
 
 DIGEST = "sha256:" + "ab" * 32
 WITH_IMAGE = OperatorSettings(owner_image="resident:dev")
@@ -62,6 +69,42 @@ def test_semantic_problems_are_named(over, needle):
     assert any(needle in p for p in problems), problems
     with pytest.raises(SpecError, match="spec"):
         check_spec(raw(**over), WITH_IMAGE)
+
+
+@pytest.mark.parametrize("case", REFUSALS + [UNKNOWN_RESOURCES_FIELD], ids=lambda c: c.rule)
+def test_the_operator_refuses_what_the_crd_rules_refuse(case):
+    problems = spec_problems(parse_spec(case.spec()), WITH_IMAGE)
+    assert any(case.operator_says in p for p in problems), problems
+
+
+@pytest.mark.parametrize("spec", ACCEPTED)
+def test_the_operator_accepts_what_the_crd_rules_accept(spec):
+    assert spec_problems(parse_spec(spec), WITH_IMAGE) == []
+
+
+def _crd_rules(schema, path="") -> list[tuple[str, str]]:
+    """(where, message) of every x-kubernetes-validations rule in a CRD schema."""
+    found = [(path, rule["message"]) for rule in schema.get("x-kubernetes-validations") or []]
+    for name, sub in (schema.get("properties") or {}).items():
+        found += _crd_rules(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        found += _crd_rules(schema["items"], f"{path}[]")
+    return found
+
+
+def test_every_crd_rule_has_a_refused_case_that_names_its_field():
+    crd = yaml.safe_load(CRD.read_text())
+    rules = _crd_rules(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    assert len(rules) == len(REFUSALS)
+    for where, message in rules:
+        cases = [c for c in REFUSALS if c.says in message]
+        assert cases, f"no case in tests/spec_refusals.py for the rule at {where}: {message}"
+        assert all(c.field.startswith("spec.") for c in cases)
+
+
+def test_a_cpu_resource_on_the_cpu_is_no_card():
+    s = parse_spec(raw(runtime={"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}}))
+    assert spec_problems(s, WITH_IMAGE) == []
 
 
 def test_slot_port_ranges_must_not_overlap_on_host_networking():
