@@ -189,8 +189,10 @@ def test_operator_as_its_service_account_serves_a_first_model(fresh, processes, 
     wait_for(alive(proc, lambda: _ok(f"http://127.0.0.1:{fresh.ports['health']}/healthz")), timeout=45, what="kopf's /healthz", every=0.3)
 
     # a first ResidentModel: the README's example, served by `resident bundle serve-demo`
-    # (on a free port here; the model it prints is the example with that port)
-    serve = processes.start(["resident", "bundle", "serve-demo", "--port", "0"], clean_env(),
+    # (on a free port here, named at 127.0.0.1: this control plane has no node network)
+    port = free_port()
+    serve = processes.start(["resident", "bundle", "serve-demo", "--port", str(port),
+                             "--url", f"http://127.0.0.1:{port}"], clean_env(),
                             tmp_path / "serve-demo.log", stdout=subprocess.PIPE)
     model = yaml.safe_load("".join(iter(lambda: serve.stdout.readline().strip("\n") + "\n", "\n")))
     example = yaml.safe_load((REPO / "examples" / "residentmodel.yaml").read_text())
@@ -254,7 +256,6 @@ def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
     directory, its runAsGroup, and the bridge ServiceAccount's token."""
     ds = fresh.apps.read_namespaced_daemon_set(f"{RELEASE}-bridge", NAMESPACE)
     c = next(c for c in ds.spec.template.spec.containers if c.name == "bridge")
-    sidecar = next(c for c in ds.spec.template.spec.containers if c.name == "liveness-probe")
     group = c.security_context.run_as_group
     scratch = Path(tempfile.mkdtemp(prefix="resident-chart-bridge-"))
     scratch.chmod(0o755)  # the sidecar's user must be able to reach the socket, as under /var/lib/kubelet
@@ -271,13 +272,16 @@ def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
         socket_path = scratch / "csi" / "csi.sock"
         wait_for(alive(proc, socket_path.exists), timeout=45, what="the CSI socket", every=0.3)
         wait_for(alive(proc, lambda: any((scratch / "registration").glob("*-reg.sock"))), timeout=45, what="the registration socket", every=0.3)
-        # the non-root livenessprobe sidecar (its uid, the socket group) may connect; others may not
-        sidecar_uid = sidecar.security_context.run_as_user
-        assert sidecar.security_context.run_as_group == group
+        # a non-root user in the socket group (a sidecar's, in the chart's sidecar mode) may
+        # connect; the same user outside it may not
         assert socket_path.stat().st_mode & 0o777 == 0o660 and socket_path.stat().st_gid == group
-        assert can_connect_as(str(socket_path), sidecar_uid, group)
-        assert not can_connect_as(str(socket_path), sidecar_uid, sidecar_uid)
+        assert can_connect_as(str(socket_path), 65532, group)
+        assert not can_connect_as(str(socket_path), 65532, 65532)
         assert "resident_" in requests.get(f"http://127.0.0.1:{fresh.ports['bridge']}/metrics", timeout=5).text
+        # kubelet's liveness probe, as the chart's builtin registration mode sets it: the bridge's
+        # own /healthz, which makes a CSI Probe call on its socket
+        healthz = next(a for a in args if a.startswith("--healthz-port=")).split("=", 1)[1]
+        assert requests.get(f"http://127.0.0.1:{healthz}/healthz", timeout=5).status_code == 200
 
         # a BundleDelivery for this node: lease finalizer, status, release on deletion
         custom = fresh.custom

@@ -124,3 +124,4 @@ def test_kubelet_restarts_a_frozen_bridge_and_the_driver_stays_registered(world)
     story = world.ready("e2e-bridge-liveness", world.revs.a)
     print(f"\nfrozen bridge restarted after {restarted_after:.0f} s; then model {story.name} Ready in "
           f"{story.namespace}")
+    story.delete_and_wait_gone()     # the tests after this one count the node's leases on A
