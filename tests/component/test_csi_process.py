@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 import shutil
 import socket
@@ -58,16 +57,6 @@ def test_stale_socket_is_replaced_but_other_files_are_not(tmp_path):
     assert regular.read_text() == "keep me"
 
 
-@pytest.fixture
-def short_tmp():
-    """A short directory: unix socket paths are limited to 107 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="csi-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        cleanup_mounts(path)
-        assert mountinfo.mounts_under(path) == []  # never delete through a mount
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_socket_paths_over_the_unix_limit_are_refused_clearly(tmp_path):

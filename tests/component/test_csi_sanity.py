@@ -12,16 +12,13 @@ by name (:data:`SKIP`); the table gives the reason for each skipped spec.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from csi_bridge import mountinfo
-from csi_bridge.testing import REPO_ROOT, BridgeProcess, cleanup_mounts
+from csi_bridge.testing import REPO_ROOT, BridgeProcess
 from localcluster.csi_tools import csi_sanity
 
 DOC = REPO_ROOT / "docs" / "csi-bridge.md"
@@ -71,16 +68,6 @@ def junit_outcomes(report: Path) -> dict[str, str]:
     return outcomes
 
 
-@pytest.fixture
-def short_tmp():
-    """Unix socket paths are limited to 107 bytes: a short directory under /tmp."""
-    path = Path(tempfile.mkdtemp(prefix="sanity-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        cleanup_mounts(path)
-        assert mountinfo.mounts_under(path) == []   # never delete through a mount
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_documented_table_is_well_formed():
