@@ -167,3 +167,17 @@ def leftovers(names: list[str]) -> list[str]:
         elif _ip("link", "show", name, check=False).returncode == 0:
             left.append(f"link {name}")
     return left
+
+
+def pod_namespace_files() -> list[Path]:
+    """``/run/netns/cni-*``: the files containerd binds each Pod's network namespace to."""
+    return sorted(NETNS_DIR.glob("cni-*")) if NETNS_DIR.is_dir() else []
+
+
+def remove_pod_namespace_files() -> None:
+    """After an unclean stop (containerd killed), the Pods' namespace files stay behind,
+    unmounted but present; remove those that are no longer mount points."""
+    mounted = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    for f in pod_namespace_files():
+        if str(f) not in mounted:
+            f.unlink(missing_ok=True)

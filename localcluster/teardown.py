@@ -165,6 +165,7 @@ def leftovers(record: HostRecord) -> list[str]:
         found += [f"{table}: {line}" for line in lines if line not in record.iptables_rules.get(table, [])]
     found += [f"cgroup {c}" for c in kubepods_cgroups() if c not in record.cgroups]
     found += network.leftovers(record.network)
+    found += [f"pod network namespace file {f}" for f in network.pod_namespace_files()]
     found += [f"process {p.name} pid {p.pid}" for p in record.processes if _is_running(p)]
     if record.runtime_address:
         found += [f"process {p.argv0} pid {p.pid}" for p in runtime_helpers(record.runtime_address)
@@ -292,6 +293,7 @@ def restore(record: HostRecord, path: Path = RECORD) -> list[str]:
     kill_pod_processes(record)
     network.remove(record.network)
     unmount_new(record)
+    network.remove_pod_namespace_files()
     remove_iptables_additions(record)
     remove_new_cgroups(record)
     restore_sysctls(record)

@@ -55,7 +55,12 @@ def pytest_collection_modifyitems(config, items):
     """Tests without ``world`` first (they start clusters of their own), then the rest, each
     group in its collected order: the shared cluster holds the machine's node lock from its
     first use to the end of the session."""
-    items.sort(key=lambda item: "world" in getattr(item, "fixturenames", ()))
+    here = Path(__file__).parent
+
+    def shares_the_cluster(item) -> bool:
+        return Path(str(item.fspath)).parent == here and "world" in getattr(item, "fixturenames", ())
+
+    items.sort(key=shares_the_cluster)      # only this folder's tests move: to its end
 
 
 @pytest.fixture(scope="package")

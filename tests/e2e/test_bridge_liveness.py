@@ -11,6 +11,7 @@ model's volume is published by the restarted bridge.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -68,8 +69,11 @@ def process_state(pid: int) -> str:
 
 
 def driver_registered(storage: client.StorageV1Api, node: str) -> bool:
-    drivers = storage.read_csi_node(node).spec.drivers or []
-    return any(d.name == DRIVER for d in drivers)
+    # raw JSON: the client's model refuses a CSINode whose drivers list is null, which it is
+    # while the restarted bridge has not registered again
+    raw = storage.read_csi_node(node, _preload_content=False)
+    drivers = (json.loads(raw.data).get("spec") or {}).get("drivers") or []
+    return any(d.get("name") == DRIVER for d in drivers)
 
 
 def liveness_failures(core: client.CoreV1Api, pod: client.V1Pod) -> list[str]:
@@ -93,7 +97,8 @@ def test_kubelet_restarts_a_frozen_bridge_and_the_driver_stays_registered(world)
     os.kill(pid, signal.SIGSTOP)
     frozen = time.monotonic()
     try:
-        assert process_state(pid) == "T"
+        # a stop reaches every thread of the process a moment after the signal
+        wait_for(lambda: process_state(pid) == "T", timeout=10, every=0.1, what=f"bridge pid {pid} stopped")
         def restarted():
             status = bridge_status(bridge_pod(core, namespace))
             return status if status.restart_count > before.restart_count else None
