@@ -139,7 +139,14 @@ class ClusterNetwork:
         for port in self.exposed:
             subprocess.run(["iptables", "-w", "5", "-t", "nat", "-D", *dnat_rule(port)], capture_output=True)
         self.exposed.clear()
-        return remove([BRIDGE] + [f"netns:{n.netns}" for n in self.nodes])
+        return remove(names(self.nodes))
+
+
+def names(nodes: list[NodeAddress]) -> list[str]:
+    """What the network of ``nodes`` consists of, in the order it is removed: each node's
+    veth (deleted at once, rather than whenever the kernel frees its namespace), the bridge,
+    the namespaces (``netns:<name>``)."""
+    return [n.machine_link for n in nodes] + [BRIDGE] + [f"netns:{n.netns}" for n in nodes]
 
 
 def dnat_rule(port: int) -> list[str]:

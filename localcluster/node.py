@@ -57,7 +57,7 @@ from .controlplane import POD_RANGE, ControlPlane
 from .images import cached_image_names, pause_image, project_image
 from .kube_proxy import kube_proxy_argv, kube_proxy_config
 from .kubelet import ROOT_DIR as KUBELET_ROOT, kubelet_argv, kubelet_config
-from .network import BRIDGE, MACHINE_ADDRESS, ClusterNetwork, NodeAddress
+from .network import MACHINE_ADDRESS, ClusterNetwork, NodeAddress, names as network_names
 from .processes import ProcessGroup
 from .drain import drain_pods
 from .teardown import NODE_LOCK, RECORD, HostRecord, restore, take_record
@@ -133,7 +133,7 @@ class LocalCluster(ControlPlane):
         self.record = take_record(MANAGED_PREFIXES)
         self.record.runtime_address = str(CONTAINERD_STATE / "containerd.sock")
         self.record.scratch_dirs = [str(self.state_dir)]
-        self.record.network = [BRIDGE, f"netns:{self.node.netns}"]   # before they exist: a crash still cleans
+        self.record.network = network_names([self.node])   # before they exist: a crash still cleans
         self.record.save(RECORD)
         sandbox_image, sandbox_tar = pause_image()
         super().start(timeout)

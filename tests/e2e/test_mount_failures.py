@@ -34,8 +34,9 @@ def test_a_404_at_the_source_shows_in_the_pods_failed_mount_and_the_mount_recove
         assert f"delivering {revs.a} from {server.url}" in messages[0]
         assert missing.name in messages[0]     # the URL of the missing file
         assert "Unavailable" in messages[0]    # the CSI code, as kubelet prints it
-        rm = story.wait("Degraded for its delivery",
-                        lambda rm: condition(rm, "Degraded").get("reason") == "DeliveryFailed", timeout=30)
+        rm = story.wait("Degraded for its delivery, naming the 404",
+                        lambda rm: condition(rm, "Degraded").get("reason") == "DeliveryFailed"
+                        and "HTTP 404" in condition(rm, "Degraded").get("message", ""), timeout=60)
         degraded, delivered = condition(rm, "Degraded"), condition(rm, "Delivered")
         assert "HTTP 404" in degraded["message"] and missing.name in degraded["message"]
         assert (delivered["status"], delivered["reason"]) == ("False", "MountFailed")
