@@ -346,25 +346,12 @@ class LocalCluster(ControlPlane):
 
     def _wait_pod_range(self, timeout: float) -> str:
         """Wait until the node is registered and the controller-manager gave it a Pod range."""
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
-        core = client.CoreV1Api(self.api_client())
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for group in (self.processes, self.runtime_processes, self.kubelet_processes):
-                group.check_alive()
-            try:
-                pod_range = core.read_node(self.node_name).spec.pod_cidr
-                if pod_range:
-                    ipaddress.ip_network(pod_range)
-                    return pod_range
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-            time.sleep(0.3)
-        raise TimeoutError(f"node {self.node_name} has no Pod range after {timeout}s; kubelet log:\n"
-                           + self.kubelet_processes.log_tail("kubelet"))
+        def pod_range(node) -> tuple[str | None, str]:
+            found = node.spec.pod_cidr
+            if found:
+                ipaddress.ip_network(found)
+            return found, "registered, no range yet"
+        return self._wait_for_node("has no Pod range", pod_range, timeout, every=0.3)
 
     def _start_cluster_dns(self, image: tuple[str, Path], timeout: float = 90.0) -> None:
         """Run CoreDNS and wait until its Pod is Ready and its Service has the endpoint."""
@@ -379,6 +366,17 @@ class LocalCluster(ControlPlane):
             raise TimeoutError(f"cluster DNS not ready after {timeout:.0f}s: {done.stderr.strip()}\n{pods}")
 
     def _wait_node_ready(self, timeout: float) -> None:
+        def ready(node) -> tuple[bool, str]:
+            found = {c.type: c for c in (node.status.conditions or [])}.get("Ready")
+            if found is None:
+                return False, "no Ready condition"
+            return found.status == "True", f"Ready={found.status}: {found.message}"
+        self._wait_for_node("not Ready", ready, timeout, every=0.5)
+
+    def _wait_for_node(self, missing: str, probe, timeout: float, every: float):
+        """Read the Node every ``every`` s until ``probe(node)`` gives a truthy value (and a
+        status that says where it stands); fail at once if a process of the cluster died,
+        and after ``timeout`` with the last status and kubelet's log."""
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
@@ -389,19 +387,15 @@ class LocalCluster(ControlPlane):
             for group in (self.processes, self.runtime_processes, self.kubelet_processes):
                 group.check_alive()
             try:
-                node = core.read_node(self.node_name)
-                conditions = {c.type: c for c in (node.status.conditions or [])}
-                ready = conditions.get("Ready")
-                if ready is not None and ready.status == "True":
-                    return
-                status = f"Ready={ready.status}: {ready.message}" if ready else "no Ready condition"
+                value, status = probe(core.read_node(self.node_name))
+                if value:
+                    return value
             except ApiException as e:
                 if e.status != 404:
                     raise
-            time.sleep(0.5)
-        raise TimeoutError(f"node {self.node_name} not Ready after {timeout}s ({status}); kubelet log:\n"
+            time.sleep(every)
+        raise TimeoutError(f"node {self.node_name} {missing} after {timeout}s ({status}); kubelet log:\n"
                            + self.kubelet_processes.log_tail("kubelet"))
-
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
