@@ -1,13 +1,19 @@
-"""Python stubs for the bridge's protos, generated with grpcio-tools.
+"""Python stubs for the repository's protos, generated with grpcio-tools.
 
-The ``.proto`` files in ``csi_bridge/proto/`` are the source of truth; the ``*_pb2.py``
-and ``*_pb2_grpc.py`` modules beside them are generated from them and checked in, so the
+A proto folder (``csi_bridge/proto/`` for the bridge's CSI and plugin-registration
+protos, ``localcluster/proto/`` for kubelet's device-plugin API that the local cluster's
+test cards speak) holds ``.proto`` files, the source of truth, and beside them the
+``*_pb2.py`` and ``*_pb2_grpc.py`` modules generated from them and checked in, so the
 runtime needs only grpcio and protobuf. Protos are compiled with the repository root as
-the include path, which makes the generated gRPC modules import their message modules as
-``csi_bridge.proto.<name>_pb2`` (no ``sys.path`` tricks). A test regenerates the stubs
-into a temporary directory and compares them byte for byte with the checked-in ones.
+the include path, which makes a generated gRPC module import its message module by its
+package path (``csi_bridge.proto.<name>_pb2``, no ``sys.path`` tricks). A test per folder
+regenerates the stubs into a temporary directory and compares them byte for byte with the
+checked-in ones.
 
-Run ``python -m csi_bridge.codegen`` after editing a proto.
+Run ``python -m csi_bridge.codegen [FOLDER ...]`` after editing a proto (the folders are
+relative to the repository root; the default is the bridge's own). The helper lives with
+the bridge because the bridge came first; it imports nothing of the bridge, and the local
+cluster uses it only at build and test time.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
-PROTO_DIR = PACKAGE_DIR / "proto"
-PROTOS = ("csi.proto", "pluginregistration.proto")
+BRIDGE_FOLDER = "csi_bridge/proto"
+PROTO_DIR = REPO_ROOT / BRIDGE_FOLDER
 
 
 def generated_names(proto: str) -> tuple[str, str]:
@@ -27,38 +33,50 @@ def generated_names(proto: str) -> tuple[str, str]:
     return f"{stem}_pb2.py", f"{stem}_pb2_grpc.py"
 
 
-def generate(out_root: Path) -> list[Path]:
-    """Compile every proto into ``out_root/csi_bridge/proto/``; return the written files."""
+def protos_in(folder: str) -> tuple[str, ...]:
+    """The ``.proto`` files of a repository folder, sorted by name."""
+    return tuple(sorted(p.name for p in (REPO_ROOT / folder).glob("*.proto")))
+
+
+def generate(out_root: Path, folder: str = BRIDGE_FOLDER) -> list[Path]:
+    """Compile every proto of ``folder`` into ``out_root/<folder>/``; return the written files."""
     from grpc_tools import protoc  # build-time dependency only
     import grpc_tools
 
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     out_root = Path(out_root)
-    (out_root / "csi_bridge" / "proto").mkdir(parents=True, exist_ok=True)
+    (out_root / folder).mkdir(parents=True, exist_ok=True)
+    protos = protos_in(folder)
+    if not protos:
+        raise FileNotFoundError(f"no .proto files in {REPO_ROOT / folder}")
     written = []
-    for proto in PROTOS:
-        rel = f"csi_bridge/proto/{proto}"
+    for proto in protos:
+        rel = f"{folder}/{proto}"
         rc = protoc.main(["grpc_tools.protoc", f"-I{REPO_ROOT}", f"-I{well_known}",
                           f"--python_out={out_root}", f"--grpc_python_out={out_root}", rel])
         if rc != 0:
             raise RuntimeError(f"protoc failed on {rel} with exit code {rc}")
-        written += [out_root / "csi_bridge" / "proto" / n for n in generated_names(proto)]
+        written += [out_root / folder / n for n in generated_names(proto)]
     return written
 
 
-def stale_files() -> list[str]:
-    """Names of checked-in generated files that differ from a fresh generation."""
+def stale_files(folder: str = BRIDGE_FOLDER, against: Path | None = None) -> list[str]:
+    """Names of checked-in generated files of ``folder`` that differ from a fresh generation
+    (compared with the files in ``against`` instead, when given)."""
+    checked_in = Path(against) if against is not None else REPO_ROOT / folder
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = generate(Path(tmp))
+        fresh = generate(Path(tmp), folder)
         return [p.name for p in fresh
-                if not (PROTO_DIR / p.name).is_file()
-                or (PROTO_DIR / p.name).read_bytes() != p.read_bytes()]
+                if not (checked_in / p.name).is_file()
+                or (checked_in / p.name).read_bytes() != p.read_bytes()]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Regenerate the checked-in stubs in place."""
-    generate(REPO_ROOT)
-    print("generated:", ", ".join(n for p in PROTOS for n in generated_names(p)))
+    """Regenerate the checked-in stubs of each folder named (default: the bridge's) in place."""
+    for folder in (argv or [BRIDGE_FOLDER]):
+        folder = folder.rstrip("/")
+        generate(REPO_ROOT, folder)
+        print(f"generated in {folder}:", ", ".join(n for p in protos_in(folder) for n in generated_names(p)))
     return 0
 
 

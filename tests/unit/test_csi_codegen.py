@@ -23,11 +23,10 @@ def test_wire_names_and_numbers_follow_csi_v1():
     assert [info[n].number for n in ("type", "name", "endpoint", "supported_versions")] == [1, 2, 3, 4]
 
 
-def test_a_changed_proto_is_detected(tmp_path, monkeypatch):
+def test_a_changed_proto_is_detected(tmp_path):
     # Point the comparison at a copy whose generated file was altered: it must be reported.
     import shutil
     fake_dir = tmp_path / "proto"
     shutil.copytree(codegen.PROTO_DIR, fake_dir)
     (fake_dir / "csi_pb2.py").write_text("# edited by hand\n")
-    monkeypatch.setattr(codegen, "PROTO_DIR", fake_dir)
-    assert codegen.stale_files() == ["csi_pb2.py"]
+    assert codegen.stale_files(against=fake_dir) == ["csi_pb2.py"]
