@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of kubelet's device-plugin API (see deviceplugin.proto)."""
