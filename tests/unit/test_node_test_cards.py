@@ -1,12 +1,15 @@
-"""The test cards' device-plugin API: the vendored proto and its checked-in stubs."""
+"""The test cards' pure parts: the vendored device-plugin API, its checked-in stubs, the
+device IDs, socket names, command line and allocation they make."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from csi_bridge import codegen
+from localcluster import test_cards as tc
 from localcluster.proto import deviceplugin_pb2 as pb, deviceplugin_pb2_grpc as pb_grpc
 
 FOLDER = "localcluster/proto"
@@ -46,3 +49,44 @@ def test_wire_names_and_numbers_are_kubelets():
     assert pb.ContainerAllocateResponse.DESCRIPTOR.fields_by_name["envs"].number == 1
     assert hasattr(pb_grpc, "add_DevicePluginServicer_to_server") and hasattr(pb_grpc, "RegistrationStub")
 
+
+def test_device_ids_name_the_node_and_say_test_card():
+    assert tc.device_ids("node-0", 2) == ["test-card-node-0-0", "test-card-node-0-1"]
+    assert tc.device_ids("node-2", 1) == ["test-card-node-2-0"]
+    with pytest.raises(ValueError, match="at least one"):
+        tc.device_ids("node-0", 0)
+    with pytest.raises(ValueError, match="63"):
+        tc.device_ids("n" * 60, 1)
+
+
+def test_resource_names_kubelet_would_refuse_are_refused_here():
+    assert tc.check_resource("furiosa.ai/rngd") == "furiosa.ai/rngd"
+    assert tc.check_resource("rebellions.ai/ATOM") == "rebellions.ai/ATOM"
+    for bad in ("rngd", "furiosa.ai/", "/rngd", "kubernetes.io/rngd", "x.kubernetes.io/rngd", "Furiosa.AI/rngd",
+                "furiosa.ai/rn gd"):
+        with pytest.raises(ValueError):
+            tc.check_resource(bad)
+
+
+def test_socket_and_argv_for_a_node():
+    assert tc.socket_name("node-1") == "resident-test-card-node-1-furiosa.ai_rngd.sock"
+    assert tc.socket_path("node-1") == Path("/var/lib/kubelet/device-plugins/resident-test-card-node-1-furiosa.ai_rngd.sock")
+    assert tc.plugin_argv("node-1", count=3) == [
+        sys.executable, "-m", "localcluster.test_cards", "--node", "node-1", "--count", "3",
+        "--resource", "furiosa.ai/rngd", "--dir", "/var/lib/kubelet/device-plugins"]
+    args = tc.parse_args(tc.plugin_argv("node-1", count=3, directory=Path("/tmp/dp"))[3:])
+    assert args.cards == tc.Cards(node="node-1", count=3, directory=Path("/tmp/dp"))
+    assert args.cards.socket_path == tc.socket_path("node-1", directory=Path("/tmp/dp"))
+    assert args.cards.kubelet_socket == Path("/tmp/dp/kubelet.sock")
+    with pytest.raises(ValueError, match="unix socket"):
+        tc.plugin_argv("node-1", directory=Path("/tmp") / ("d" * 90))
+
+
+def test_allocation_gives_the_requested_ids_and_refuses_others():
+    known = tc.device_ids("node-0", 2)
+    assert tc.allocation(["test-card-node-0-1"], known) == {"RESIDENT_TEST_CARD": "test-card-node-0-1"}
+    assert tc.allocation(known, known) == {"RESIDENT_TEST_CARD": "test-card-node-0-0,test-card-node-0-1"}
+    with pytest.raises(LookupError, match="test-card-node-1-0"):
+        tc.allocation(["test-card-node-1-0"], known)
+    with pytest.raises(ValueError, match="no device"):
+        tc.allocation([], known)
