@@ -60,13 +60,15 @@ def containerd_build() -> GoBuild:
 POD_NETWORK = "resident-pods"
 
 
-def pod_network_config(pod_range: str) -> dict:
-    """The CNI network list for a node whose Pods take addresses from ``pod_range``; pure."""
+def pod_network_config(pod_range: str, ipam_dir: Path) -> dict:
+    """The CNI network list for a node whose Pods take addresses from ``pod_range``, with
+    the address leases kept in ``ipam_dir`` (one per node: the default is machine-wide); pure."""
     return {"cniVersion": "1.0.0", "name": POD_NETWORK, "plugins": [{
         "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
         # a Pod may reach itself through its own Service
         "hairpinMode": True,
-        "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_range}]], "routes": [{"dst": "0.0.0.0/0"}]},
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_range}]], "routes": [{"dst": "0.0.0.0/0"}],
+                 "dataDir": str(ipam_dir)},
     }]}
 
 
@@ -122,7 +124,8 @@ class Containerd:
         self.bin_dir = ensure_built(containerd_build())
         self.root, self.state = root, state
         self.socket = state / "containerd.sock"
-        self.cni_conf_dir = state.parent / "cni" / "net.d"
+        self.conf_dir = state.with_name(f"{state.name}-conf")   # the daemon's config, CNI config and leases
+        self.cni_conf_dir = self.conf_dir / "net.d"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> None:
@@ -130,7 +133,7 @@ class Containerd:
             d.mkdir(parents=True, exist_ok=True)
         for stale in self.cni_conf_dir.glob("*.conflist"):
             stale.unlink()
-        config = self.state.parent / "containerd.toml"
+        config = self.conf_dir / "containerd.toml"
         config.write_text(containerd_config(self.root, self.state, self.socket, self.sandbox_image, self.cni_conf_dir))
         # the daemon finds its runc shim on PATH
         env = dict(os.environ, PATH=f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
@@ -148,7 +151,7 @@ class Containerd:
     def write_pod_network(self, pod_range: str) -> None:
         """Give the node's Pods addresses from ``pod_range`` (written whole, then renamed)."""
         tmp = self.cni_conf_dir / ".pods.tmp"
-        tmp.write_text(json.dumps(pod_network_config(pod_range)))
+        tmp.write_text(json.dumps(pod_network_config(pod_range, self.conf_dir / "ipam")))
         tmp.rename(self.cni_conf_dir / "10-pods.conflist")
 
     @property

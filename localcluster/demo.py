@@ -1,8 +1,9 @@
-"""The main job: Resident's whole flow on a real single-node cluster on this machine.
+"""The main job: Resident's whole flow on a real cluster on this machine.
 
-1. Bring up the local cluster: etcd, kube-apiserver, controller-manager, scheduler, and a
-   node (containerd, kubelet, kube-proxy) in a network namespace of its own with a Pod
-   network and cluster DNS. Kubernetes is built from its Go modules once, then cached.
+1. Bring up the local cluster: etcd, kube-apiserver, controller-manager, scheduler, and
+   one node (``--nodes N``: N nodes), each with containerd, kubelet and kube-proxy in a
+   network namespace of its own, with a Pod network and cluster DNS. Kubernetes is built
+   from its Go modules once, then cached.
 2. Install Resident with its Helm chart: the operator Deployment, the bridge DaemonSet
    (registered with kubelet as CSI driver bundles.resident.dev), the CRDs.
 3. Generate a demo model in four revisions and push them to a bundle server on 127.0.0.1,
@@ -12,6 +13,9 @@
    (kube-proxy picks the owner).
 5. Three transitions: graph-only, in place (rows), whole bundle rebased on the donor.
    A table of each transition's path, bytes and durations, from the model's status.
+   On several nodes the model has one owner per node (``replicas`` = N, spread by the
+   chart's default), each node's bridge delivers on its own, the reload rolls over the
+   nodes, and a second table shows what each node fetched and reused.
 6. Delete the model and show that no Pod, BundleDelivery, lease or mount is left.
 Every process started is stopped, and what kubelet changed on the machine is restored.
 
@@ -41,7 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .demo_summary import DemoFacts, summary, transition_line
+from .demo_summary import DemoFacts, node_table, summary, transition_line
 from .images import cached_image_names, owner_torch_image, project_image
 from .install import install
 from .node import LocalCluster
@@ -127,18 +131,19 @@ def ensure_project_image() -> None:
     stamp(f"project image {name} (operator, bridge and owner in one): {how}")
 
 
-def run(size_mib: int, work: Path, keep: bool, backend: str = "cpu") -> int:
+def run(size_mib: int, work: Path, keep: bool, backend: str = "cpu", nodes: int = 1) -> int:
     began = time.monotonic()
     model = demo_model(backend, work, size_mib)
     facts = DemoFacts(f"{NAMESPACE}/{NAME}", backend, size_mib)
 
     stamp("starting the local cluster (the first run on a machine builds Kubernetes: about 20 min) ...")
-    cluster = LocalCluster()
+    cluster = LocalCluster(nodes=nodes)
     with cluster, BundleServer(work / "served", work / "logs", cluster=cluster) as server:
         waited = cluster.timings.get("lock_wait_seconds", 0)
+        ready = ", ".join(f"{n.name} at {n.address.address}" for n in cluster.nodes)
         stamp(f"cluster up in {duration(cluster.timings['start_seconds'])}: Kubernetes {cluster.version}, "
-              f"node {cluster.node_name} Ready at {cluster.node.address}, API {cluster.server}" + (f" (first waited {duration(waited)} for another run on this node)"
-                                         if waited >= 1 else ""))
+              f"Ready: {ready}; API {cluster.server}"
+              + (f" (first waited {duration(waited)} for another run on this machine)" if waited >= 1 else ""))
         for bundle_dir in model.dirs.values():
             server.push(bundle_dir)
         stamp(f"{len(model.dirs)} revisions on the bundle server {server.url}")
@@ -155,12 +160,17 @@ def run(size_mib: int, work: Path, keep: bool, backend: str = "cpu") -> int:
         cluster.wait_for_service_account(NAMESPACE)
         story = Story(cluster, NAMESPACE, NAME, installation.bridge_root)
         applied = time.monotonic()
-        story.apply(model_body(NAME, server.url, model.digests["a"], image=model.image and model.image[0]))
-        stamp(f"applied ResidentModel {NAMESPACE}/{NAME} ({backend} backend) on revision A ...")
+        body = model_body(NAME, server.url, model.digests["a"], image=model.image and model.image[0])
+        body["spec"]["replicas"] = nodes
+        story.apply(body)
+        stamp(f"applied ResidentModel {NAMESPACE}/{NAME} ({backend} backend, {nodes} replica"
+              f"{'s' if nodes > 1 else ''}) on revision A ...")
         story.wait_ready(model.digests["a"])
         facts.ready_seconds = time.monotonic() - applied
         stamp(f"{NAME} Ready in {duration(facts.ready_seconds)}")
         detail(cluster.kubectl("get", "rm", "-n", NAMESPACE).stdout)
+        if nodes > 1:
+            detail(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout)
         show_completion(story, model.prompt, "A", facts)
 
         facts.owner_pods += owner_uids(story)
@@ -170,6 +180,8 @@ def run(size_mib: int, work: Path, keep: bool, backend: str = "cpu") -> int:
                                     else {"bundle": {"source": server.url, "digest": digest}})
             facts.transitions.append((label, last))
             stamp(f"transition {transition_line(label, last)}")
+            if nodes > 1:
+                detail(node_table([(label, last)]))
             if model.image:   # a real checkpoint: each revision answers differently
                 show_completion(story, model.prompt, k.upper(), facts)
         facts.owner_pods += owner_uids(story)
@@ -215,13 +227,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="where bundles are generated (default: a new temporary directory)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the cluster running at the end until Ctrl-C")
+    parser.add_argument("--nodes", type=int, default=1, choices=range(1, 6), metavar="N",
+                        help="nodes in the local cluster, 1 to 5 (default 1); the model gets one owner "
+                             "per node, and the run shows what each node's bridge moved")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every step of the harness")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     work = args.work or Path(tempfile.mkdtemp(prefix="resident-demo-"))
     size = args.size_mib or (4 if args.backend == "torch" else 64)
-    return run(size, work, args.keep, args.backend)
+    return run(size, work, args.keep, args.backend, args.nodes)
 
 
 if __name__ == "__main__":

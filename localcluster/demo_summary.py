@@ -43,9 +43,23 @@ def transition_line(label: str, last: dict) -> str:
             f"(fetched {_mib(b.get('fetched'))}, reused {_mib(b.get('reused'))})")
 
 
+NODE_HEADER = ["transition", "node", "owners", "fetched MiB", "reused MiB", "written MiB"]
+
+
+def node_table(transitions: list[tuple[str, dict]]) -> str:
+    """What each node's bridge moved in each transition (``lastTransition.nodes``)."""
+    mib = lambda n: f"{(n or 0) / 2**20:.1f}"
+    rows = [[label, n["node"], str(n.get("owners", "")), mib(n.get("fetched")), mib(n.get("reused")),
+             mib(n.get("written"))] for label, last in transitions for n in last.get("nodes") or []]
+    return format_table(rows, NODE_HEADER)
+
+
 def summary(facts: DemoFacts) -> str:
-    """The transitions table and 3-6 lines of what this run showed."""
+    """The transitions table (and, on several nodes, what each node moved) and 3-6 lines of
+    what this run showed."""
     lines = [format_table([transition_row(label, last) for label, last in facts.transitions]), ""]
+    if any(len(last.get("nodes") or []) > 1 for _, last in facts.transitions):
+        lines += [node_table(facts.transitions), ""]
     claims = [f"{facts.model} ({facts.size_mib} MiB, {facts.backend} backend) went from apply to Ready "
               f"in {duration(facts.ready_seconds)}, installed by the Helm chart on a real kubelet node"]
     if facts.answers:

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
+from typing import Callable
 
-from .kubelet import ROOT_DIR as KUBELET_ROOT
 from .teardown import mounts_under
 
 log = logging.getLogger(__name__)
 
 
-def drain_pods(api, timeout: float) -> None:
-    """Delete every Pod and wait until kubelet has finished with it (volumes unpublished)."""
+def drain_pods(api, timeout: float, kubelet_dir: Callable[[str], Path]) -> None:
+    """Delete every Pod and wait until kubelet has finished with it (volumes unpublished);
+    ``kubelet_dir(node)`` is where this machine sees that node's kubelet directory."""
     from kubernetes import client
 
     core, apps, batch = client.CoreV1Api(api), client.AppsV1Api(api), client.BatchV1Api(api)
@@ -59,7 +61,7 @@ def drain_pods(api, timeout: float) -> None:
                        for p in core.list_pod_for_all_namespaces().items}
             names &= set(present)
             for key in list(names):
-                if released_by_kubelet(present[key]):
+                if released_by_kubelet(present[key], kubelet_dir):
                     # kubelet would delete the object itself, but only at its next
                     # status sync (up to 10 s later); its work on the node is done
                     _ignore_missing(core.delete_namespaced_pod, key[1], key[0], grace_period_seconds=0)
@@ -71,14 +73,16 @@ def drain_pods(api, timeout: float) -> None:
             _ignore_missing(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
 
 
-def released_by_kubelet(pod) -> bool:
+def released_by_kubelet(pod, kubelet_dir: Callable[[str], Path]) -> bool:
     """A deleted Pod whose containers have all stopped and whose volumes are all torn down."""
     if pod.metadata.deletion_timestamp is None:
         return False
     statuses = list(pod.status.container_statuses or []) + list(pod.status.init_container_statuses or [])
     if any(s.state is None or s.state.terminated is None for s in statuses):
         return False
-    pod_dir = KUBELET_ROOT / "pods" / pod.metadata.uid
+    if not pod.spec.node_name:
+        return True   # never scheduled: nothing on a node to wait for
+    pod_dir = kubelet_dir(pod.spec.node_name) / "pods" / pod.metadata.uid
     if mounts_under([str(pod_dir)]):
         return False
     # kubelet removes a volume's directory only after its TearDown (CSI: NodeUnpublishVolume) succeeded

@@ -72,6 +72,8 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
     # a store of this cluster's own, so every run delivers from scratch; it goes with the
     # cluster (a caller may give another directory, e.g. an XFS mount for reflink)
     bridge_root = bridge_root or cluster.state_dir / "bridge"
+    # the chart names one store path for every node; each node gets its own behind it
+    cluster.make_private(bridge_root)
     helm.install(release, values=local_values(image, bridge_root))
     cluster.wait_established(CRDS)
     wait_ready(cluster, namespace, timeout)
@@ -79,7 +81,7 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
 
 
 def wait_ready(cluster, namespace: str, timeout: float) -> None:
-    """Until every Pod in ``namespace`` is Ready and the node lists the CSI driver."""
+    """Until every Pod in ``namespace`` is Ready and every node lists the CSI driver."""
     api = cluster.api_client()
     core = client.CoreV1Api(api)
     deadline = time.monotonic() + timeout
@@ -88,13 +90,19 @@ def wait_ready(cluster, namespace: str, timeout: float) -> None:
         pods = core.list_namespaced_pod(namespace).items
         ready = [p.metadata.name for p in pods if any(
             c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
-        # raw JSON: the client's model refuses a CSINode whose drivers list is still null
-        csinode = cluster.kubectl("get", "csinode", cluster.node_name, "-o", "json", check=False)
-        drivers = [d["name"] for d in (json.loads(csinode.stdout).get("spec", {}).get("drivers") or [])
-                   ] if csinode.returncode == 0 else []
+        drivers = {n.name: node_drivers(cluster, n.name) for n in cluster.nodes}
         state = f"pods ready {ready} of {[p.metadata.name for p in pods]}; node drivers {drivers}"
-        if pods and len(ready) == len(pods) and DRIVER in drivers:
+        if pods and len(ready) == len(pods) and all(DRIVER in d for d in drivers.values()):
             log.info("resident installed: %s", state)
             return
         time.sleep(1)
     raise TimeoutError(f"Resident not ready after {timeout:.0f}s: {state}")
+
+
+def node_drivers(cluster, node: str) -> list[str]:
+    """The CSI drivers kubelet registered on ``node`` (its CSINode)."""
+    # raw JSON: the client's model refuses a CSINode whose drivers list is still null
+    csinode = cluster.kubectl("get", "csinode", node, "-o", "json", check=False)
+    if csinode.returncode:
+        return []
+    return [d["name"] for d in (json.loads(csinode.stdout).get("spec", {}).get("drivers") or [])]

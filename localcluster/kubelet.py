@@ -27,7 +27,8 @@ DNS_SERVICE_IP = "10.96.0.10"
 
 
 def kubelet_config(address: str, client_ca: Path, serving_cert: Path, serving_key: Path,
-                   runtime_socket: Path, healthz_port: int = 10248, root_dir: Path = ROOT_DIR) -> dict:
+                   runtime_socket: Path, healthz_port: int = 10248, root_dir: Path = ROOT_DIR,
+                   cgroup_root: str = "/") -> dict:
     """A ``KubeletConfiguration`` (kubelet.config.k8s.io/v1beta1)."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -47,6 +48,7 @@ def kubelet_config(address: str, client_ca: Path, serving_cert: Path, serving_ke
         "authorization": {"mode": "AlwaysAllow"},
         "containerRuntimeEndpoint": f"unix://{runtime_socket}",
         "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cgroup_root,
         "failCgroupV1": False,
         "failSwapOn": False,
         "clusterDNS": [DNS_SERVICE_IP],

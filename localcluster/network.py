@@ -133,6 +133,14 @@ class ClusterNetwork:
             if other != node:
                 _ip("route", "replace", pod_range, "via", node.address, netns=other.netns)
 
+    def cut(self, node: NodeAddress) -> None:
+        """Cut the node off: its link to the bridge goes down, so nothing reaches it and
+        it reaches nothing (not the API server, not the other nodes); its processes run on."""
+        _ip("link", "set", node.machine_link, "down")
+
+    def reconnect(self, node: NodeAddress) -> None:
+        _ip("link", "set", node.machine_link, "up")
+
     def down(self) -> list[str]:
         """Remove everything :meth:`up`, :meth:`add_node` and :meth:`expose` made; return
         what could not be."""

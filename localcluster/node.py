@@ -1,34 +1,37 @@
-"""A real Kubernetes cluster on this machine: the local control plane plus a node (containerd,
-kubelet, kube-proxy) in a network namespace of its own, with a Pod network and cluster DNS;
-used by the end-to-end tests and the demo.
+"""A real Kubernetes cluster on this machine: the local control plane plus one or more
+nodes (:mod:`localcluster.cluster_node`: containerd, kubelet, kube-proxy, test cards) in
+network namespaces of their own, with a Pod network and cluster DNS; used by the
+end-to-end tests and the demo.
 
-``with LocalCluster() as c:`` takes the machine-wide node lock, restores the machine if
-an earlier run died before its teardown, records the host state
+``with LocalCluster(nodes=N) as c:`` takes the machine-wide node lock, restores the machine
+if an earlier run died before its teardown, records the host state
 (:mod:`localcluster.teardown`), starts the control plane (:class:`ControlPlane` with
-Node authorization), lays the cluster network (:mod:`localcluster.network`: the node's
-namespace on a bridge, Pod and Service ranges routed to it), starts containerd
-(:mod:`localcluster.containerd`) with our pause image and the kubelet
-(:mod:`localcluster.kubelet`) in the node's namespace, gives the node's Pods their
-network once the controller-manager has handed the node its Pod range, starts kube-proxy
-(:mod:`localcluster.kube_proxy`), and waits until the node is Ready; then it runs cluster
-DNS (:mod:`localcluster.cluster_dns`) and waits until it answers and the ``default``
-ServiceAccount exists.
+Node authorization), lays the cluster network (:mod:`localcluster.network`: each node's
+namespace on a bridge, Pod and Service ranges routed to them), prepares each further
+node's mount namespace and cgroup root, starts every node's containerd
+(:mod:`localcluster.containerd`) with our pause image and its kubelet
+(:mod:`localcluster.kubelet`), gives each node's Pods their network once the
+controller-manager has handed it a Pod range, starts kube-proxy
+(:mod:`localcluster.kube_proxy`), and waits until every node is Ready; then it runs
+cluster DNS (:mod:`localcluster.cluster_dns`) and waits until it answers and the
+``default`` ServiceAccount exists.
 
-Pods get their own addresses; Services work through their ClusterIPs, from Pods, from the
-node, and from this machine (the demo and the tests call models that way). Pods may still
-ask for ``hostNetwork: true``: they then share the node's namespace, not the machine's.
+Pods get their own addresses; Services work through their ClusterIPs, from Pods, from
+every node, and from this machine (the demo and the tests call models that way). Pods may
+still ask for ``hostNetwork: true``: they then share their node's network namespace.
 
 :meth:`LocalCluster.stop` (also on exit, on SIGTERM and after a failed start) undoes it
 all, in an order that lets every component clean up after itself: Pods are deleted first
-and awaited, so kubelet unpublishes CSI volumes while the plugin still runs; then kube-proxy
-and kubelet stop; containerd's tasks are killed and its containers removed before containerd
-stops; leftover shims are ended by PID; the control plane stops; the network goes; finally
-the host record is restored: mounts under ``/var/lib/kubelet`` unmounted deepest first,
-sysctls written back, added iptables rules and kubepods cgroups removed.
+and awaited, so kubelet unpublishes CSI volumes while the plugin still runs; then every
+kube-proxy and kubelet stops; each node's containerd tasks are killed and its containers
+removed before containerd stops; leftover shims are ended by PID; the control plane stops;
+the network goes; finally the host record is restored: mounts under the nodes' kubelet
+directories unmounted deepest first, namespace files unmounted, sysctls written back,
+added iptables rules and Pod cgroups removed.
 
-One node per machine: the kubelet's root dir is ``/var/lib/kubelet`` (CSI plugins need
-that path), so a second LocalCluster waits for the lock (``lock_timeout``) and then
-fails with :class:`LocalClusterBusy`.
+One cluster per machine: the first node's kubelet directory is the machine's
+``/var/lib/kubelet`` (CSI plugins need that path), so a second LocalCluster waits for
+the lock (``lock_timeout``) and then fails with :class:`LocalClusterBusy`.
 """
 
 from __future__ import annotations
@@ -45,19 +48,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
-
-import yaml
 
 from .binaries import CONTROL_PLANE, NODE, apt_install, ensure_binaries
 from .cluster_dns import NAME as DNS_NAME, NAMESPACE as DNS_NAMESPACE, coredns_image, dns_manifests
+from .cluster_node import ClusterNode
 from .containerd import PACKAGES, ROOT as CONTAINERD_ROOT, STATE as CONTAINERD_STATE, Containerd, containerd_build
 from .gobuild import ensure_built
-from .controlplane import POD_RANGE, ControlPlane
+from .controlplane import ControlPlane
 from .images import cached_image_names, pause_image, project_image
-from .kube_proxy import kube_proxy_argv, kube_proxy_config
-from .kubelet import ROOT_DIR as KUBELET_ROOT, kubelet_argv, kubelet_config
+from .kubelet import ROOT_DIR as KUBELET_ROOT
 from .network import MACHINE_ADDRESS, ClusterNetwork, NodeAddress, names as network_names
+from .node_mounts import NODES_DIR
 from .processes import ProcessGroup
 from .drain import drain_pods
 from .teardown import NODE_LOCK, RECORD, HostRecord, restore, take_record
@@ -65,9 +68,9 @@ from .teardown import NODE_LOCK, RECORD, HostRecord, restore, take_record
 log = logging.getLogger(__name__)
 
 LOCK = NODE_LOCK
-MANAGED_PREFIXES = [str(KUBELET_ROOT), str(CONTAINERD_ROOT), str(CONTAINERD_STATE.parent), "/run/netns"]
+MANAGED_PREFIXES = [str(KUBELET_ROOT), str(CONTAINERD_ROOT), str(CONTAINERD_STATE.parent), "/run/netns",
+                    str(NODES_DIR)]
 NODE_PACKAGES = (*PACKAGES, "conntrack")
-DEFAULT_NODE_NAME = "node-0"
 DEMO_SOURCE_PORT = 8700
 
 
@@ -93,21 +96,22 @@ class _RecordingGroup(ProcessGroup):
 
 
 class LocalCluster(ControlPlane):
-    def __init__(self, state_dir: Path | None = None, node_name: str = DEFAULT_NODE_NAME,
+    def __init__(self, state_dir: Path | None = None, nodes: int = 1, cards: int = 2,
                  node_ready_timeout: float = 120.0, lock_timeout: float = 900.0,
                  extra_kubelet_flags: list[str] = (), drain_timeout: float = 60.0, version: str | None = None):
-        super().__init__(state_dir=state_dir, node_names=[node_name], version=version,
+        names = [f"node-{i}" for i in range(nodes)]
+        super().__init__(state_dir=state_dir, node_names=names, version=version,
                          advertise_address=MACHINE_ADDRESS)
-        self.node_name = node_name
-        self.node = NodeAddress(node_name, 0)
         logs = self.state_dir / "logs"
         self.processes = _RecordingGroup(logs, on_start=self._record_process)
-        self.runtime_processes = _RecordingGroup(logs, on_start=self._record_process)
-        self.kubelet_processes = _RecordingGroup(logs, on_start=self._record_process)
+        # each node's processes log under logs/<node>/
+        self.nodes = [ClusterNode(NodeAddress(name, i), _RecordingGroup(logs / name, on_start=self._record_process),
+                                  _RecordingGroup(logs / name, on_start=self._record_process), cards=cards)
+                      for i, name in enumerate(names)]
         self.node_ready_timeout, self.lock_timeout = node_ready_timeout, lock_timeout
         self.drain_timeout = drain_timeout
         self.extra_kubelet_flags = list(extra_kubelet_flags)
-        self.containerd: Containerd | None = None
+        self.sandbox_image: str | None = None
         self.network: ClusterNetwork | None = None
         self.record: HostRecord | None = None
         self.leftovers: list[str] = []
@@ -116,6 +120,19 @@ class LocalCluster(ControlPlane):
         self._lock_file = None
         self._stopped = True
         atexit.register(self.stop)
+
+    # the first node, for callers that need one
+    @property
+    def node(self) -> NodeAddress:
+        return self.nodes[0].address
+
+    @property
+    def node_name(self) -> str:
+        return self.nodes[0].name
+
+    @property
+    def containerd(self) -> Containerd | None:
+        return self.nodes[0].containerd
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "LocalCluster":
@@ -131,38 +148,48 @@ class LocalCluster(ControlPlane):
         dns_image = coredns_image()
         self._recover_earlier_run()
         self.record = take_record(MANAGED_PREFIXES)
-        self.record.runtime_address = str(CONTAINERD_STATE / "containerd.sock")
-        self.record.scratch_dirs = [str(self.state_dir)]
-        self.record.network = network_names([self.node])   # before they exist: a crash still cleans
+        self.record.runtime_addresses = [str(n.containerd_paths[1] / "containerd.sock") for n in self.nodes]
+        self.record.scratch_dirs = [str(self.state_dir)] + [str(NODES_DIR / n.name) for n in self.nodes[1:]]
+        self.record.network = network_names([n.address for n in self.nodes])   # before they exist: a crash still cleans
         self.record.save(RECORD)
-        sandbox_image, sandbox_tar = pause_image()
+        self.sandbox_image, sandbox_tar = pause_image()
         super().start(timeout)
         self.timings["control_plane_seconds"] = round(time.monotonic() - began, 2)
         self.network = ClusterNetwork()
         self.network.up()
         self.network.expose(self.port)
         self.network.expose(DEMO_SOURCE_PORT)   # `resident bundle serve-demo`, the README's first model
-        self.network.add_node(self.node)
-        self.containerd = Containerd(self.runtime_processes, sandbox_image, enter=self.node.enter())
-        self.containerd.start()
-        self.containerd.remove_workloads()   # containers an earlier, crashed run left behind
-        # the image store follows the image cache: what the cache pruned goes here too
-        self.containerd.prune_images("resident.local/", keep=cached_image_names())
-        self.containerd.import_image(sandbox_tar)
+        kubeconfigs = {n.name: {"kubelet": self._node_kubeconfig(f"system:node:{n.name}", f"kubelet-{n.name}.kubeconfig"),
+                                "kube-proxy": self._node_kubeconfig("system:kube-proxy", "kube-proxy.kubeconfig")}
+                       for n in self.nodes}
+        for node in self.nodes:
+            self.network.add_node(node.address)
+            node.prepare()
+            containerd = node.start_runtime(self.sandbox_image)
+            containerd.remove_workloads()   # containers an earlier, crashed run left behind
+            # the image store follows the image cache: what the cache pruned goes here too
+            containerd.prune_images("resident.local/", keep=cached_image_names())
+            node.configure(self.state_dir, self.authority, self.ca_cert, kubeconfigs[node.name], self.bin_dir,
+                           self.extra_kubelet_flags)
+        self.import_image(sandbox_tar)
         kubelet_began = time.monotonic()
-        self._start_kubelet()
-        pod_range = self._wait_pod_range(self.node_ready_timeout)
-        self.containerd.write_pod_network(pod_range)
-        self.network.route_pods(self.node, pod_range)
-        self._start_kube_proxy()
-        self._wait_node_ready(self.node_ready_timeout)
+        for node in self.nodes:
+            node.start_kubelet()
+        for node in self.nodes:
+            node.pod_range = self._wait_pod_range(node, self.node_ready_timeout)
+            node.containerd.write_pod_network(node.pod_range)
+            self.network.route_pods(node.address, node.pod_range)
+            node.start_kube_proxy()
+        for node in self.nodes:
+            self._wait_node_ready(node.name, self.node_ready_timeout)
         self.timings["kubelet_to_ready_seconds"] = round(time.monotonic() - kubelet_began, 2)
         dns_began = time.monotonic()
         self._start_cluster_dns(dns_image)
         self.timings["dns_seconds"] = round(time.monotonic() - dns_began, 2)
         self.wait_for_service_account("default")
         self.timings["start_seconds"] = round(time.monotonic() - began, 2)
-        log.info("local cluster ready", extra={"node": self.node_name, "server": self.server, **self.timings})
+        log.info("local cluster ready", extra={"nodes": [n.name for n in self.nodes], "server": self.server,
+                                               **self.timings})
         return self
 
     def stop(self) -> None:
@@ -189,14 +216,13 @@ class LocalCluster(ControlPlane):
                 errors.append(f"{step}: {e}")
 
         try:
-            if self.port and self.kubelet_processes.children:
-                attempt("delete pods", lambda: drain_pods(self.api_client(), self.drain_timeout))
+            if self.port and any(n.kubelet_processes.children for n in self.nodes):
+                attempt("delete pods", lambda: drain_pods(self.api_client(), self.drain_timeout, self.kubelet_dir))
             lap("drain")
-            attempt("stop kubelet and kube-proxy", self.kubelet_processes.stop)
-            if self.containerd is not None:
-                attempt("remove containers", self.containerd.remove_workloads)
-                attempt("stop containerd", self.runtime_processes.stop)
-                attempt("stop shims", self.containerd.stop_shims)
+            for node in self.nodes:
+                attempt(f"stop kubelet and kube-proxy of {node.name}", node.stop_kubelet)
+            for node in self.nodes:
+                attempt(f"stop the runtime of {node.name}", node.stop_runtime)
             lap("node")
             attempt("stop control plane", super().stop)
             lap("control_plane")
@@ -216,11 +242,48 @@ class LocalCluster(ControlPlane):
             log.warning("teardown had errors but the machine is restored: %s", errors)
 
     # -- what tests and the demo call ---------------------------------------------------
+    def cluster_node(self, name: str | None = None) -> ClusterNode:
+        """The node called ``name`` (the first when None)."""
+        if name is None:
+            return self.nodes[0]
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"no node {name!r} in this cluster ({[n.name for n in self.nodes]})")
+
     def import_image(self, tarball: Path | str) -> list[str]:
-        """Import an OCI image-layout tarball into the node's containerd; returns its names."""
-        if self.containerd is None or not self.containerd.running:
+        """Import an OCI image-layout tarball into every node's containerd, side by side;
+        return its names."""
+        if not all(n.containerd is not None and n.containerd.running for n in self.nodes):
             raise RuntimeError("the local cluster is not running; start it before importing images")
-        return self.containerd.import_image(Path(tarball))
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            return list(pool.map(lambda n: n.containerd.import_image(Path(tarball)), self.nodes))[0]
+
+    def make_private(self, path: Path | str) -> dict[str, Path]:
+        """Give every node its own empty ``path`` (a hostPath the chart names on every node,
+        like the bridge's store); return where the machine sees each node's."""
+        return {n.name: n.make_private(path) for n in self.nodes}
+
+    def kubelet_dir(self, node_name: str) -> Path:
+        """The kubelet directory of ``node_name`` as this machine sees it."""
+        return self.cluster_node(node_name).kubelet_dir
+
+    def power_off(self, name: str) -> None:
+        """Stop node ``name`` as a power cut would (see :class:`ClusterNode`)."""
+        self.cluster_node(name).power_off()
+
+    def power_on(self, name: str) -> None:
+        """Start a powered-off node again and wait until it is Ready."""
+        node = self.cluster_node(name)
+        node.power_on(self.sandbox_image)
+        self._wait_node_ready(name, self.node_ready_timeout)
+
+    def cut(self, name: str) -> None:
+        """Cut node ``name`` off the network; its processes run on, unreachable."""
+        self.network.cut(self.cluster_node(name).address)
+
+    def reconnect(self, name: str) -> None:
+        self.network.reconnect(self.cluster_node(name).address)
 
     def operator_env(self, owner_image: str | None = None) -> dict[str, str]:
         """Environment for an operator run on this machine against this cluster. Owners are
@@ -253,9 +316,10 @@ class LocalCluster(ControlPlane):
         (the bridge, Pods); return the ``host:port`` the cluster calls it by."""
         return self.network.expose(port)
 
-    def node_exec(self, argv: list[str], **run) -> subprocess.CompletedProcess:
-        """Run ``argv`` in the node's network namespace (as the node sees the network)."""
-        return subprocess.run([*self.node.enter(), *argv], **run)
+    def node_exec(self, argv: list[str], node: str | None = None, **run) -> subprocess.CompletedProcess:
+        """Run ``argv`` on a node (the first when None): in its network namespace, and its
+        mount namespace if it has one."""
+        return subprocess.run([*self.cluster_node(node).enter(), *argv], **run)
 
     # -- pieces ----------------------------------------------------------------------
     def _record_process(self, name: str, proc) -> None:
@@ -325,33 +389,14 @@ class LocalCluster(ControlPlane):
                               server=f"https://{MACHINE_ADDRESS}:{self.port}")
         return path
 
-    def _start_kubelet(self) -> None:
-        serving = self.authority.issue(f"kubelet-{self.node_name}", f"system:node:{self.node_name}",
-                                       hosts=[self.node.address, self.node_name], server=True)
-        config = self.state_dir / "kubelet.yaml"
-        config.write_text(yaml.safe_dump(kubelet_config(self.node.address, self.ca_cert, serving.cert, serving.key,
-                                                        self.containerd.socket)))
-        KUBELET_ROOT.mkdir(parents=True, exist_ok=True)
-        kubeconfig = self._node_kubeconfig(f"system:node:{self.node_name}", "kubelet.kubeconfig")
-        self.kubelet_processes.start("kubelet", [*self.node.enter(), *kubelet_argv(
-            self.bin_dir / "kubelet", config, kubeconfig, self.node_name, self.node.address,
-            extra=self.extra_kubelet_flags)])
-
-    def _start_kube_proxy(self) -> None:
-        config = self.state_dir / "kube-proxy.yaml"
-        kubeconfig = self._node_kubeconfig("system:kube-proxy", "kube-proxy.kubeconfig")
-        config.write_text(yaml.safe_dump(kube_proxy_config(kubeconfig, self.node_name, POD_RANGE)))
-        self.kubelet_processes.start("kube-proxy", [*self.node.enter(),
-                                                    *kube_proxy_argv(self.bin_dir / "kube-proxy", config)])
-
-    def _wait_pod_range(self, timeout: float) -> str:
+    def _wait_pod_range(self, node: ClusterNode, timeout: float) -> str:
         """Wait until the node is registered and the controller-manager gave it a Pod range."""
         def pod_range(node) -> tuple[str | None, str]:
             found = node.spec.pod_cidr
             if found:
                 ipaddress.ip_network(found)
             return found, "registered, no range yet"
-        return self._wait_for_node("has no Pod range", pod_range, timeout, every=0.3)
+        return self._wait_for_node(node.name, "has no Pod range", pod_range, timeout, every=0.3)
 
     def _start_cluster_dns(self, image: tuple[str, Path], timeout: float = 90.0) -> None:
         """Run CoreDNS and wait until its Pod is Ready and its Service has the endpoint."""
@@ -365,15 +410,15 @@ class LocalCluster(ControlPlane):
             pods = self.kubectl("get", "pods", "-n", DNS_NAMESPACE, "-o", "wide", check=False).stdout
             raise TimeoutError(f"cluster DNS not ready after {timeout:.0f}s: {done.stderr.strip()}\n{pods}")
 
-    def _wait_node_ready(self, timeout: float) -> None:
+    def _wait_node_ready(self, name: str, timeout: float) -> None:
         def ready(node) -> tuple[bool, str]:
             found = {c.type: c for c in (node.status.conditions or [])}.get("Ready")
             if found is None:
                 return False, "no Ready condition"
             return found.status == "True", f"Ready={found.status}: {found.message}"
-        self._wait_for_node("not Ready", ready, timeout, every=0.5)
+        self._wait_for_node(name, "not Ready", ready, timeout, every=0.5)
 
-    def _wait_for_node(self, missing: str, probe, timeout: float, every: float):
+    def _wait_for_node(self, name: str, missing: str, probe, timeout: float, every: float):
         """Read the Node every ``every`` s until ``probe(node)`` gives a truthy value (and a
         status that says where it stands); fail at once if a process of the cluster died,
         and after ``timeout`` with the last status and kubelet's log."""
@@ -384,18 +429,19 @@ class LocalCluster(ControlPlane):
         deadline = time.monotonic() + timeout
         status = "not registered"
         while time.monotonic() < deadline:
-            for group in (self.processes, self.runtime_processes, self.kubelet_processes):
-                group.check_alive()
+            self.processes.check_alive()
+            for node in self.nodes:
+                node.processes_alive()
             try:
-                value, status = probe(core.read_node(self.node_name))
+                value, status = probe(core.read_node(name))
                 if value:
                     return value
             except ApiException as e:
                 if e.status != 404:
                     raise
             time.sleep(every)
-        raise TimeoutError(f"node {self.node_name} {missing} after {timeout}s ({status}); kubelet log:\n"
-                           + self.kubelet_processes.log_tail("kubelet"))
+        raise TimeoutError(f"node {name} {missing} after {timeout}s ({status}); kubelet log:\n"
+                           + self.cluster_node(name).kubelet_processes.log_tail("kubelet"))
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
@@ -406,13 +452,14 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project-image", action="store_true",
                         help="build (or reuse) the project image and import it into the node")
+    parser.add_argument("--nodes", type=int, default=1, metavar="N", help="how many nodes (default 1)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the cluster until Ctrl-C or SIGTERM (prints its KUBECONFIG), then tear it down")
     args = parser.parse_args(argv)
     from bundle.jsonlog import configure
 
     configure(logging.INFO)
-    with LocalCluster() as cluster:
+    with LocalCluster(nodes=args.nodes) as cluster:
         if args.project_image:
             name, tarball = project_image()
             print(f"imported {cluster.import_image(tarball)}")

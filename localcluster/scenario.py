@@ -251,8 +251,12 @@ class Story:
             GROUP, VERSION, self.namespace, "bundledeliveries")["items"]]
         services = [s.metadata.name for s in self.core.list_namespaced_service(
             self.namespace, label_selector=selector).items]
-        return {"pods": pods, "bundleDeliveries": deliveries, "services": services,
-                **node_state(self.bridge_root)}
+        found = {"pods": pods, "bundleDeliveries": deliveries, "services": services}
+        for node in self.cluster.nodes:    # every node's bridge has a store of its own
+            for what, items in node_state(node.host_path(self.bridge_root)).items():
+                found.setdefault(what, [])
+                found[what] += [i for i in items if i not in found[what]]
+        return found
 
 
 def condition(rm: dict, type_: str) -> dict:
@@ -289,7 +293,7 @@ TABLE_HEADER = ["transition", "path", "method", "strategy", "fetched MiB", "reus
                 "written MiB", "deliver s", "apply s", "1st token s", "operator s", "total s", "result"]
 
 
-def format_table(rows: list[list[str]]) -> str:
-    table = [TABLE_HEADER, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(TABLE_HEADER))]
+def format_table(rows: list[list[str]], header: list[str] = TABLE_HEADER) -> str:
+    table = [header, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)

@@ -46,7 +46,8 @@ KUBELET_SYSCTLS = (
 )
 IPTABLES = (("iptables", ("filter", "nat", "mangle")), ("ip6tables", ("filter", "nat", "mangle")))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CGROUP_NAMES = ("kubepods", "kubepods.slice")
+# kubelet's Pod cgroups; further nodes keep theirs below a cgroup root of their own
+CGROUP_NAMES = ("kubepods", "kubepods.slice", "resident-nodes")
 
 
 class RecordedProcess(BaseModel):
@@ -64,8 +65,8 @@ class HostRecord(BaseModel):
     mounts: list[str]
     managed_prefixes: list[str]
     processes: list[RecordedProcess] = Field(default_factory=list)
-    # processes that name this address in their argv belong to the node too (containerd shims)
-    runtime_address: str | None = None
+    # processes that name one of these addresses in their argv belong to a node too (containerd shims)
+    runtime_addresses: list[str] = Field(default_factory=list)
     scratch_dirs: list[str] = Field(default_factory=list)
     # the cluster network's links and namespaces ("netns:<name>"), named before they are made
     network: list[str] = Field(default_factory=list)
@@ -167,9 +168,8 @@ def leftovers(record: HostRecord) -> list[str]:
     found += network.leftovers(record.network)
     found += [f"pod network namespace file {f}" for f in network.pod_namespace_files()]
     found += [f"process {p.name} pid {p.pid}" for p in record.processes if _is_running(p)]
-    if record.runtime_address:
-        found += [f"process {p.argv0} pid {p.pid}" for p in runtime_helpers(record.runtime_address)
-                  if _is_running(p)]
+    found += [f"process {p.argv0} pid {p.pid}" for p in runtime_helpers(record.runtime_addresses)
+              if _is_running(p)]
     return found
 
 
@@ -183,8 +183,9 @@ def _is_running(p: RecordedProcess) -> bool:
     return state != "Z" and argv0 == p.argv0
 
 
-def runtime_helpers(address: str) -> list[RecordedProcess]:
-    """Processes whose argv names ``address`` (shims of a containerd that may be gone)."""
+def runtime_helpers(addresses: list[str]) -> list[RecordedProcess]:
+    """Processes whose argv names one of ``addresses`` (shims of a containerd that may be gone)."""
+    wanted = {a.encode() for a in addresses}
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -193,15 +194,14 @@ def runtime_helpers(address: str) -> list[RecordedProcess]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if address.encode() in argv:
+        if wanted & set(argv):
             found.append(RecordedProcess(pid=int(entry.name), argv0=argv[0].decode(errors="replace"), name="shim"))
     return found
 
 
 def stop_processes(record: HostRecord, timeout: float = 10.0) -> None:
     alive = [p for p in reversed(record.processes) if _is_running(p)]
-    if record.runtime_address:
-        alive += runtime_helpers(record.runtime_address)
+    alive += runtime_helpers(record.runtime_addresses)
     for p in alive:
         log.warning("stopping leftover %s (pid %d)", p.name, p.pid)
         _signal(p.pid, signal.SIGTERM)

@@ -1,7 +1,8 @@
 """``status.lastTransition``: one finished transition, summed up for humans and dashboards.
 
 From and to, the strategy and path used, the predicted and the actual bytes (fetched,
-reused, written, summed over owners), the durations (deliver and apply are the slowest
+reused, written, summed over owners, and per node: ``nodes``, a list, so a merge patch
+replaces it whole), the durations (deliver and apply are the slowest
 owner's, first-token the slowest reported, total is wall clock from planning to the end;
 ``stagingSeconds`` and ``ownerSeconds`` are what the bridge and the owner report of their own
 work, and ``overheadSeconds`` is the rest of ``totalSeconds``: planning, watch latency,
@@ -21,6 +22,18 @@ from .transition import Step, TransitionState
 def _max(values: list[float | None]) -> float:
     real = [v for v in values if v is not None and v >= 0]
     return round(max(real), 3) if real else 0.0
+
+
+def _per_node(owners) -> list[dict[str, Any]]:
+    """Bytes each node's bridge moved for this transition, by node name."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for o in owners:
+        if o.node:
+            row = nodes.setdefault(o.node, {"node": o.node, "owners": 0, "fetched": 0, "reused": 0, "written": 0})
+            row["owners"] += 1
+            for key in ("fetched", "reused", "written"):
+                row[key] += getattr(o.bytes, key)
+    return [nodes[n] for n in sorted(nodes)]
 
 
 def summarize(t: TransitionState, now: float) -> dict[str, Any]:
@@ -43,6 +56,7 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
         "bytes": {"fetched": sum(o.bytes.fetched for o in owners),
                   "reused": sum(o.bytes.reused for o in owners),
                   "written": sum(o.bytes.written for o in owners)},
+        "nodes": _per_node(owners),
         "durations": {"deliverSeconds": _max(deliver), "applySeconds": _max(apply),
                       "firstTokenSeconds": _max([o.first_token_seconds for o in owners]),
                       "stagingSeconds": staging, "ownerSeconds": owner_work,

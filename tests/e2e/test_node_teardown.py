@@ -25,6 +25,7 @@ from localcluster.teardown import NODE_LOCK, RECORD, HostRecord, restore, runtim
 from machine_state import alive, iptables_state, mounts_below, network_state, sysctls
 
 REPO = Path(__file__).resolve().parents[2]
+WATCHED = ("/var/lib/kubelet", "/run/resident", "/run/netns", "/var/lib/resident/nodes")
 TIMINGS: dict[str, float] = {}
 
 
@@ -42,7 +43,7 @@ def node_lock_free():
 
 @pytest.fixture(scope="module")
 def host_before():
-    return {"sysctls": sysctls(), "mounts": mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns"),
+    return {"sysctls": sysctls(), "mounts": mounts_below(*WATCHED),
             "iptables": iptables_state(), "network": network_state()}
 
 
@@ -56,7 +57,7 @@ def test_a_failed_start_leaves_nothing_behind(host_before, tmp_path):
     pids = dict(cluster.started)
     assert {"etcd", "kube-apiserver", "containerd", "kubelet"} <= set(pids)
     assert [name for name, pid in pids.items() if alive(pid)] == []
-    assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
+    assert mounts_below(*WATCHED) == host_before["mounts"]
     assert sysctls() == host_before["sysctls"]
     assert iptables_state() == host_before["iptables"]
     assert network_state() == host_before["network"]
@@ -68,7 +69,7 @@ KILLED_RUN = """
 import time
 from kubernetes import client
 from localcluster.node import LocalCluster
-cluster = LocalCluster()
+cluster = LocalCluster(nodes=2)   # the second node has mount namespace, directories and cgroups of its own
 cluster.start()
 image = next(n for n in cluster.containerd.image_list() if n.startswith("resident.local/pause:"))
 core = client.CoreV1Api(cluster.api_client())
@@ -84,7 +85,7 @@ time.sleep(600)
 
 
 def test_a_killed_run_is_restored_by_the_teardown_command(host_before, tmp_path):
-    """SIGKILL the process that runs a node with a Pod: the node outlives it; then
+    """SIGKILL the process that runs two nodes, one with a Pod: the nodes outlive it; then
     ``python -m localcluster.teardown`` restores the machine from the host record."""
     repo = REPO
     child = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=repo, stdout=subprocess.PIPE,
@@ -94,7 +95,7 @@ def test_a_killed_run_is_restored_by_the_teardown_command(host_before, tmp_path)
         assert ready and child.stdout.readline().strip() == "ready", (tmp_path / "child.log").read_text()[-3000:]
         record = HostRecord.load(RECORD)
         node_pids = [p.pid for p in record.processes]
-        shims = [p.pid for p in runtime_helpers(record.runtime_address)]
+        shims = [p.pid for p in runtime_helpers(record.runtime_addresses)]
         assert shims, "the Pod's containerd shims run"
         refused = subprocess.run([sys.executable, "-m", "localcluster.teardown"], cwd=repo, capture_output=True,
                                  text=True, timeout=60)
@@ -109,11 +110,13 @@ def test_a_killed_run_is_restored_by_the_teardown_command(host_before, tmp_path)
                                 text=True, timeout=180)
         assert result.returncode == 0, result.stdout + result.stderr[-3000:]
         assert [pid for pid in node_pids + shims if alive(pid)] == []
-        assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
+        assert mounts_below(*WATCHED) == host_before["mounts"]
         assert sysctls() == host_before["sysctls"]
         assert iptables_state() == host_before["iptables"]
         assert network_state() == host_before["network"]      # the node's namespace and the bridge
         assert list(Path("/sys/fs/cgroup").glob("*/kubepods")) == []
+        assert list(Path("/sys/fs/cgroup").glob("*/resident-nodes")) == []   # the second node's cgroup root
+        assert not Path("/var/lib/resident/nodes/node-1").exists()          # its kubelet directory
         assert not RECORD.exists()
         assert not Path(record.scratch_dirs[0]).exists()
     finally:
@@ -146,7 +149,7 @@ def test_sigterm_tears_the_node_down(host_before, tmp_path):
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=120) == 143
         assert [pid for pid in node_pids if alive(pid)] == []
-        assert mounts_below("/var/lib/kubelet", "/run/resident", "/run/netns") == host_before["mounts"]
+        assert mounts_below(*WATCHED) == host_before["mounts"]
         assert sysctls() == host_before["sysctls"]
         assert network_state() == host_before["network"]
         assert not RECORD.exists()

@@ -1,56 +1,49 @@
-"""One card each, on a real extended resource: the local node advertises two
-``furiosa.ai/rngd`` cards in its status, as a device plugin would, and a 3-replica rngd
-model asks for three.
+"""One card each, on a real extended resource: the local node's test-card device plugin
+(:mod:`localcluster.test_cards`) advertises two ``furiosa.ai/rngd`` cards through kubelet's
+device-plugin API, and a 3-replica rngd model asks for three.
 
 The real scheduler binds two owners and leaves the third Pending with "Insufficient
-furiosa.ai/rngd", which the model's Delivered condition repeats. The owner image has no
-``furiosa_llm``, so the two owners that are placed exit at start with a
-``BackendUnavailable`` termination message and kubelet backs them off: the model is
-Degraded with reason BackendUnavailable, not Loading. Deleting the model removes all.
-
-(kubelet keeps extended resources it does not manage in the Node's status, and the
-device manager hands out no device for a resource no plugin registered, so the Pods start.)
+furiosa.ai/rngd", which the model's Delivered condition repeats; kubelet's device manager
+gives each bound owner one test card of its own. The owner image has no ``furiosa_llm``,
+so the two owners that are placed exit at start with a ``BackendUnavailable`` termination
+message and kubelet backs them off: the model is Degraded with reason BackendUnavailable,
+not Loading. Deleting the model removes all.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from kubernetes import client
 
 from localcluster.scenario import condition, model_body
+from localcluster.test_cards import device_ids
 from polling import wait_for
 
 CARD = "furiosa.ai/rngd"
-CARD_PATH = CARD.replace("/", "~1")          # JSON Pointer escaping of the "/"
 INSUFFICIENT = f"Insufficient {CARD}"
-
-
-def patch_cards(core, node: str, count: int | None) -> None:
-    """Advertise ``count`` cards in the Node's capacity and allocatable, or none (None)."""
-    if count is None:
-        found = core.read_node(node).status
-        ops = [{"op": "remove", "path": f"/status/{part}/{CARD_PATH}"} for part in ("capacity", "allocatable")
-               if CARD in (getattr(found, part) or {})]
-    else:
-        ops = [{"op": "add", "path": f"/status/{part}/{CARD_PATH}", "value": str(count)}
-               for part in ("capacity", "allocatable")]
-    if ops:
-        core.patch_node_status(node, ops, _content_type="application/json-patch+json")
 
 
 @pytest.fixture
 def two_cards(world):
+    """The node as its device plugin advertises it: two test cards."""
     core = client.CoreV1Api(world.cluster.api_client())
     node = world.cluster.node_name
-    patch_cards(core, node, 2)
-    try:
-        yield core, node
-    finally:
-        patch_cards(core, node, None)
-        status = core.read_node(node).status
-        assert CARD not in (status.capacity or {}) and CARD not in (status.allocatable or {})
+    wait_for(lambda: (core.read_node(node).status.allocatable or {}).get(CARD) == "2", timeout=60,
+             what=f"{node} advertising two {CARD} cards")
+    return core, node
 
 
+def cards_given(cluster, node: str) -> dict[str, list[str]]:
+    """Pod UID -> the test cards kubelet's device manager gave it (its checkpoint on the node)."""
+    checkpoint = cluster.kubelet_dir(node) / "device-plugins" / "kubelet_internal_checkpoint"
+    entries = json.loads(checkpoint.read_text())["Data"]["PodDeviceEntries"] or []
+    given: dict[str, list[str]] = {}
+    for e in entries:
+        if e["ResourceName"] == CARD:
+            given.setdefault(e["PodUID"], []).extend(d for ids in e["DeviceIDs"].values() for d in ids)
+    return given
 
 
 def unschedulable(pod) -> str:
@@ -77,6 +70,11 @@ def test_three_owners_on_two_cards_two_bind_one_waits_and_a_missing_sdk_degrades
     for p in bound:
         limits = p.spec.containers[0].resources.limits
         assert limits[CARD] == "1" and p.spec.containers[0].resources.requests[CARD] == "1"
+    # kubelet's device manager gave each bound owner one card of its own, from the plugin's two
+    given = wait_for(lambda: (lambda g: g if all(p.metadata.uid in g for p in bound) else None)(
+        cards_given(world.cluster, node)), timeout=60, what="kubelet's card allocations")
+    cards = [given[p.metadata.uid] for p in bound]
+    assert all(len(c) == 1 for c in cards) and sorted(c[0] for c in cards) == device_ids(node, 2)
     assert waiting.status.phase == "Pending" and not waiting.spec.node_name
 
     # the model: Delivered names the scheduler's message; Degraded names the missing SDK (as

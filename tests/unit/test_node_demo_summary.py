@@ -51,3 +51,16 @@ def test_the_summary_claims_only_what_was_seen():
     assert "same owner Pod" not in text                    # the owner was replaced: no such claim
     assert "deleting the model LEFT {'pods': ['tiny-lm-0']}" in text
     assert "machine restored" not in text
+
+
+def test_on_several_nodes_the_summary_shows_what_each_node_moved():
+    rows = [{"node": f"node-{i}", "owners": 1, "fetched": MIB * (i + 1), "reused": 63 * MIB, "written": MIB}
+            for i in range(3)]
+    one = last("WholeBundle", "rebase", "Reload", 6 * MIB, 189 * MIB, 3.0)
+    text = summary(facts(transitions=[("C->D rebase", {**one, "nodes": rows})]))
+    per_node = text.split("\n\n")[1].splitlines()
+    assert per_node[0].split() == ["transition", "node", "owners", "fetched", "MiB", "reused", "MiB", "written", "MiB"]
+    assert [line.split()[2] for line in per_node[1:]] == ["node-0", "node-1", "node-2"]
+    assert [line.split()[4] for line in per_node[1:]] == ["1.0", "2.0", "3.0"]
+    # one node: no per-node table
+    assert "owners" not in summary(facts(transitions=[("C->D rebase", {**one, "nodes": rows[:1]})]))

@@ -197,13 +197,19 @@ def test_kubelet_serves_on_its_node_address_with_a_ca_signed_certificate_and_ref
     argv = kubelet_argv(Path("/b/kubelet"), tmp_path / "k.yaml", "/kc", "node-0", "10.200.0.10")
     assert "--root-dir=/var/lib/kubelet" in argv and "--hostname-override=node-0" in argv
     assert "--node-ip=10.200.0.10" in argv
+    # a further node's kubelet keeps its Pods' cgroups under a root of its own
+    assert kubelet_config("10.200.0.11", tmp_path / "ca.crt", tmp_path / "k.crt", tmp_path / "k.key",
+                          Path("/run/c.sock"), cgroup_root="/resident-nodes/node-1")["cgroupRoot"] \
+        == "/resident-nodes/node-1"
 
 
 def test_pod_network_gives_addresses_from_the_node_range_behind_a_gateway():
-    config = pod_network_config("10.244.3.0/24")
+    config = pod_network_config("10.244.3.0/24", Path("/run/x/ipam"))
     bridge, = config["plugins"]
     assert bridge["type"] == "bridge" and bridge["isGateway"] is True and bridge["hairpinMode"] is True
     assert bridge["ipam"]["ranges"] == [[{"subnet": "10.244.3.0/24"}]]
+    # each node keeps its own leases: host-local's default directory is machine-wide
+    assert bridge["ipam"]["dataDir"] == "/run/x/ipam"
 
 
 def test_kube_proxy_leaves_machine_wide_conntrack_settings_alone():

@@ -13,7 +13,7 @@ from localcluster import test_cards as tc
 from localcluster.proto import deviceplugin_pb2 as pb, deviceplugin_pb2_grpc as pb_grpc
 
 FOLDER = "localcluster/proto"
-MODULE_CACHE_PROTO = Path("/var/cache/resident/go/pkg/mod/k8s.io/kubelet@v0.37.2/pkg/apis/deviceplugin/v1beta1/api.proto")
+MODULE_CACHE_PROTO = Path("/var/cache/resident/go/mod/k8s.io/kubelet@v0.37.2/pkg/apis/deviceplugin/v1beta1/api.proto")
 VENDOR_MARK = "// ---- vendored text ----\n"
 
 

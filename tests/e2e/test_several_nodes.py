@@ -1,0 +1,222 @@
+"""Three nodes on this machine: one control plane, three kubelets, each node in network and
+mount namespaces of its own with its own containerd, Pod range and bridge store; Resident
+installed by its chart (the bridge DaemonSet on every node).
+
+A 3-replica model spreads one owner per node, and every node's bridge delivers the bundle
+on its own; Pods reach each other across nodes, and the Service answers from every node.
+Then what only several nodes make possible, in order, on the same model: a transition rolls
+over the nodes while four clients call the Service; a cordoned node gets no new owner; a
+drain evicts through the PodDisruptionBudget while the model serves; and a lost node
+(powered off, then cut off) is replaced elsewhere, and leaves nothing behind when it
+comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from kubernetes import client
+
+from localcluster.install import DRIVER, install, node_drivers
+from localcluster.node import LocalCluster
+from localcluster.scenario import BundleServer, Story, make_bundles, model_body, \
+    node_state, whole_bundle_reload
+from localcluster.traffic import ClosedLoop
+from polling import wait_for
+
+pytestmark = pytest.mark.nodes
+SIZE = 4 * 2**20
+NAMESPACE = "several"
+NODES = ["node-0", "node-1", "node-2"]
+
+
+class Trio(NamedTuple):
+    cluster: Any
+    server: BundleServer
+    revs: Any
+    installation: Any
+    story: Story
+
+    def owners(self) -> list[client.V1Pod]:
+        """The model's owner Pods that are not being deleted."""
+        return [p for p in self.story.owner_pods() if p.metadata.deletion_timestamp is None]
+
+    def ready_nodes(self) -> list[str]:
+        return sorted(p.spec.node_name for p in self.owners() if _ready(p))
+
+
+def _ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+@pytest.fixture(scope="module")
+def trio(tmp_path_factory):
+    work = tmp_path_factory.mktemp("trio")
+    revs, dirs = make_bundles(work, SIZE)
+    with LocalCluster(nodes=3) as cluster, BundleServer(work / "served", work / "logs", cluster=cluster) as server:
+        for d in dirs.values():
+            server.push(d)
+        installation = install(cluster)
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        cluster.wait_for_service_account(NAMESPACE)
+        story = Story(cluster, NAMESPACE, "spread", installation.bridge_root)
+        body = model_body(story.name, server.url, revs.a)
+        body["spec"]["replicas"] = 3
+        story.apply(body)
+        story.wait_ready(revs.a)
+        yield Trio(cluster, server, revs, installation, story)
+
+
+def test_every_node_is_its_own_machine_with_the_bridge_registered(trio):
+    cluster = trio.cluster
+    core = client.CoreV1Api(cluster.api_client())
+    nodes = {n.metadata.name: n for n in core.list_node().items}
+    assert sorted(nodes) == NODES
+    ranges = {name: n.spec.pod_cidr for name, n in nodes.items()}
+    assert len(set(ranges.values())) == 3, ranges
+    for name, n in nodes.items():
+        address = next(a.address for a in n.status.addresses if a.type == "InternalIP")
+        assert address == cluster.cluster_node(name).address.address
+        assert DRIVER in node_drivers(cluster, name)
+    # each further node sees its own /var/lib/kubelet: the machine sees it under the node's directory
+    for name in NODES[1:]:
+        node = cluster.cluster_node(name)
+        assert node.kubelet_dir != Path("/var/lib/kubelet") and (node.kubelet_dir / "pods").is_dir()
+        seen = cluster.node_exec(["ls", "/var/lib/kubelet/pods"], node=name, capture_output=True, text=True)
+        assert sorted(seen.stdout.split()) == sorted(p.name for p in (node.kubelet_dir / "pods").iterdir())
+    # and its own containerd, which runs only that node's containers
+    sockets = {n.name: n.containerd.socket for n in cluster.nodes}
+    assert len(set(sockets.values())) == 3
+    pods_by_node = {name: {p.metadata.uid for p in core.list_pod_for_all_namespaces(
+        field_selector=f"spec.nodeName={name}").items} for name in NODES}
+    for node in cluster.nodes:
+        sandboxes = node.containerd.ctr("containers", "list").stdout
+        others = set().union(*(pods_by_node[o] for o in NODES if o != node.name))
+        assert not any(uid in sandboxes for uid in others), f"{node.name} runs another node's Pod"
+
+
+def test_one_owner_per_node_each_delivered_by_its_own_bridge(trio):
+    owners = trio.owners()
+    assert sorted(p.spec.node_name for p in owners) == NODES
+    status = trio.story.get()["status"]
+    assert sorted(o.get("node") for o in status["owners"]) == NODES
+    # every node's bridge fetched and leased the bundle in its own store
+    for name in NODES:
+        store = trio.cluster.cluster_node(name).host_path(trio.installation.bridge_root)
+        leases = node_state(store)["leases"]
+        assert [d for _, d in leases] and all(d == trio.revs.a for _, d in leases), (name, leases)
+
+
+def test_pods_reach_each_other_across_nodes_and_the_service_answers_from_every_node(trio):
+    owners = {p.spec.node_name: p for p in trio.owners()}
+    address = trio.story.service_address()
+    call = ("import json, sys, urllib.request; r = urllib.request.urlopen(urllib.request.Request("
+            "sys.argv[1], data=json.dumps({'model': 'spread', 'prompt': 'x', 'max_tokens': 2}).encode(), "
+            "headers={'Content-Type': 'application/json'}), timeout=20); print(r.status)")
+    # from every node's own network, through its kube-proxy
+    for name in NODES:
+        done = trio.cluster.node_exec([sys.executable, "-c", call, f"http://{address}/v1/completions"],
+                                      node=name, capture_output=True, text=True, timeout=60)
+        assert done.stdout.strip() == "200", (name, done.stderr[-800:])
+    # Pod to Pod: the owner on node-0 calls the owner on node-2 at its Pod IP
+    target = owners["node-2"].status.pod_ip
+    port = next(p.container_port for p in owners["node-2"].spec.containers[0].ports if p.name == "http")
+    done = trio.cluster.kubectl("exec", "-n", NAMESPACE, owners["node-0"].metadata.name, "--", "python3", "-c",
+                                call, f"http://{target}:{port}/v1/completions", check=False, timeout=90)
+    assert done.stdout.strip() == "200", done.stderr[-800:]
+
+
+def test_a_transition_rolls_over_the_nodes_while_four_clients_get_answers(trio):
+    story = trio.story
+    before = {p.metadata.name for p in trio.owners()}
+    with ClosedLoop(story.service_address(), story.name, clients=4) as loop:
+        time.sleep(1)
+        t0 = time.monotonic()
+        story.transition(whole_bundle_reload(trio.server.url, trio.revs.b))
+        wait_for(lambda: len(trio.ready_nodes()) == 3, timeout=120, what="three ready owners")
+        t1 = time.monotonic()
+        time.sleep(1)
+    answers = loop.between(t0, t1)
+    failed = [a for a in answers if not a.ok]
+    assert answers and not failed, failed[:5]
+    assert {a.revision for a in answers} >= {trio.revs.b}
+    after = trio.owners()
+    assert not before & {p.metadata.name for p in after}, "a reload replaces every owner"
+    assert sorted(p.spec.node_name for p in after) == NODES
+
+
+def test_a_cordoned_node_gets_no_new_owner(trio):
+    cluster, story = trio.cluster, trio.story
+    cluster.kubectl("cordon", "node-2")
+    try:
+        story.transition(whole_bundle_reload(trio.server.url, trio.revs.c))
+        wait_for(lambda: len(trio.ready_nodes()) == 3, timeout=120, what="three ready owners")
+        nodes = trio.ready_nodes()
+        assert "node-2" not in nodes and sorted(set(nodes)) == ["node-0", "node-1"], nodes
+    finally:
+        cluster.kubectl("uncordon", "node-2")
+
+
+def test_a_drain_evicts_through_the_disruption_budget_while_the_model_serves(trio):
+    cluster, story = trio.cluster, trio.story
+    on_node = [p.metadata.name for p in trio.owners() if p.spec.node_name == "node-1"]
+    assert on_node
+    with ClosedLoop(story.service_address(), story.name, clients=2) as loop:
+        t0 = time.monotonic()
+        drained = cluster.kubectl("drain", "node-1", "--ignore-daemonsets", "--delete-emptydir-data",
+                                  "--timeout=180s", check=False, timeout=240)
+        wait_for(lambda: len(trio.ready_nodes()) == 3, timeout=120, what="three ready owners again")
+        t1 = time.monotonic()
+    try:
+        assert drained.returncode == 0, drained.stderr[-1500:]
+        assert "evicting pod" in drained.stdout + drained.stderr
+        assert "node-1" not in trio.ready_nodes()
+        failed = [a for a in loop.between(t0, t1) if not a.ok]
+        assert not failed, failed[:5]
+        events = client.CoreV1Api(cluster.api_client()).list_namespaced_event(NAMESPACE).items
+        assert not [e for e in events if e.reason == "CalculateExpectedPodCountFailed"]
+    finally:
+        cluster.kubectl("uncordon", "node-1")
+
+
+@pytest.mark.parametrize("how", ["power_off", "cut"])
+def test_a_lost_node_is_replaced_elsewhere_and_leaves_nothing_when_it_returns(trio, how):
+    cluster, story = trio.cluster, trio.story
+    lost = sorted(trio.ready_nodes())[-1]
+    victim = next(p for p in trio.owners() if p.spec.node_name == lost)
+    began = time.monotonic()
+    getattr(cluster, how)(lost)
+    try:
+        # the model names the owner and its node, and serves at full strength elsewhere
+        story.wait("saying which node was lost", lambda rm: lost in json.dumps(
+            rm.get("status", {}).get("conditions")) and victim.metadata.name in json.dumps(
+            rm.get("status", {}).get("conditions")), timeout=120)
+        wait_for(lambda: len([n for n in trio.ready_nodes() if n != lost]) == 3, timeout=150,
+                 what="three ready owners on the other nodes", every=1)
+        recovered = time.monotonic() - began
+        assert recovered < 90, f"full strength again only after {recovered:.0f}s"
+        assert story.complete("after the loss")[1]["choices"]
+    finally:
+        (cluster.power_on if how == "power_off" else cluster.reconnect)(lost)
+    # back: the old owner's Pod, its volume and its lease are gone from the node
+    core = client.CoreV1Api(cluster.api_client())
+    wait_for(lambda: not [p for p in core.list_namespaced_pod(NAMESPACE).items
+                          if p.metadata.name == victim.metadata.name],
+             timeout=180, what=f"{victim.metadata.name} removed once {lost} is back", every=1)
+    node = cluster.cluster_node(lost)
+    store = node.host_path(trio.installation.bridge_root)
+
+    def leaked() -> dict:
+        state = node_state(store)
+        return {"publications": [t for t, _ in state["publications"] if victim.metadata.uid in t],
+                "volume leases": len([h for h, _ in state["leases"] if h.startswith("volume:")]),
+                "live publications": len(state["publications"]),
+                "pod dir": (node.kubelet_dir / "pods" / victim.metadata.uid).exists()}
+    wait_for(lambda: (lambda left: not left["publications"] and not left["pod dir"]
+                      and left["volume leases"] == left["live publications"])(leaked()),
+             timeout=120, what=f"nothing of the old owner left on {lost}", every=1)
