@@ -52,7 +52,7 @@ import benchkit  # noqa: E402
 import owner_transition  # noqa: E402
 from bundle.demo import choose_config, make_demo, make_revision, tensor_shapes  # noqa: E402
 from owner.backends.cpu import CpuBackend  # noqa: E402
-from owner.local_volume import stage_revision  # noqa: E402
+from testkit.local_volume import stage_revision  # noqa: E402
 from owner.runtime import Owner  # noqa: E402
 
 GRAPH_ONLY_RATIOS = {"full_reload_over_graph_only": ("full_reload", "graph_only")}

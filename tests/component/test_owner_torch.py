@@ -21,7 +21,7 @@ from owner import api
 from owner.backends.base import BackendError
 from owner.backends.torch_lm import TorchBackend
 from owner.inplace import NeedsReload
-from owner.local_volume import set_current, stage_revision
+from testkit.local_volume import set_current, stage_revision
 from owner.revisions import open_revision
 from owner.runtime import Owner, StartupError
 
