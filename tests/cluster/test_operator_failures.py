@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from bundle.demo import make_demo
+from bundle.cpu_model import make_demo
 from bundle.loopfs import loop_filesystem
 from bundle.sources import push
 from bundle.sources.httpserve import BundleServer

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bundle.demo import make_demo
+from bundle.cpu_model import make_demo
 from testkit.local_volume import stage_revision
 
 REPO = Path(__file__).resolve().parents[2]

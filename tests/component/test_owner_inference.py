@@ -17,7 +17,7 @@ import openai
 import pytest
 import requests
 
-from bundle.demo import make_demo, make_revision
+from bundle.cpu_model import make_demo, make_revision
 from owner.backends.cpu import CpuBackend
 from owner.inference import make_inference_server
 from testkit.local_volume import stage_revision

@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import pytest
 
-from bundle.demo import make_demo, make_revision
+from bundle.cpu_model import make_demo, make_revision
 from bundle.manifest import DEFAULT_CHUNK_SIZE
 from bundle.scan import build_manifest, write_manifest
 from owner.backends import BackendError

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from bundle.demo import read_layout
+from bundle.model_revisions import read_layout
 from bundle.hf_demo import make_hf_demo, make_hf_revision
 from bundle.scan import build_manifest, write_manifest
 from owner import api

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from bundle import cli as bundle_cli
-from bundle.demo import read_layout
+from bundle.model_revisions import read_layout
 from bundle.manifest import Role
 from bundle.scan import build_manifest, read_manifest
 from testkit.local_volume import stage_revision

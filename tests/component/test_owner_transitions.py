@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import requests
 
-from bundle.demo import make_demo, make_revision
+from bundle.cpu_model import make_demo, make_revision
 from bundle.scan import build_manifest, write_manifest
 from owner.backends.cpu import CpuBackend
 from testkit.local_volume import stage_revision
