@@ -22,7 +22,7 @@ from .kube import Kube
 from .naming import LABEL_MODEL, fit
 from .settings import OperatorSettings
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 EventFn = Callable[[str, str, bool], None]  # (reason, message, warning)
 
 

@@ -33,7 +33,7 @@ import aiohttp
 from . import metrics
 from .context import FollowUp, OwnerWait
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 OWNER_WAIT_SECONDS = 30      # one waiting GET; the owner allows up to 60
 UNREACHABLE_PAUSE = 1.0      # an owner that does not answer: wake the model, but not in a loop
 

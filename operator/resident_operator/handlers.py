@@ -41,7 +41,7 @@ from .reconcile import state_of
 from .settings import OperatorSettings, settings_from_env
 from .sweep import sweep_once
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 MODEL = (naming.GROUP, naming.VERSION, naming.MODEL_PLURAL)
 DELIVERIES = (naming.GROUP, naming.VERSION, naming.DELIVERY_PLURAL)
 OWNED = {naming.LABEL_MODEL_UID: kopf.PRESENT}

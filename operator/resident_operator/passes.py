@@ -26,7 +26,7 @@ from .kube import Kube
 from .reconcile import reconcile, write_status
 from .settings import OperatorSettings
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 ERROR_RETRY_SECONDS = 5.0
 
 
