@@ -176,22 +176,23 @@ def watch_file(args: argparse.Namespace, path: Path, total: int, desc: str) -> I
 
 
 def cmd_make_demo(args: argparse.Namespace) -> int:
-    from . import demo, hf_demo
+    from . import cpu_model, hf_demo
+    from .model_revisions import WEIGHTS_NAME
     out = Path(args.out)
-    weights = out / demo.WEIGHTS_NAME
+    weights = out / WEIGHTS_NAME
     if args.base:
         if args.size is not None:
             raise UsageError("--size applies to a new demo, not to a revision (--from)")
-        base_size = (Path(args.base) / demo.WEIGHTS_NAME)
+        base_size = (Path(args.base) / WEIGHTS_NAME)
         total = base_size.stat().st_size if base_size.is_file() else None
         hf = hf_demo.is_hf_checkpoint(args.base)  # the revision keeps the base's format
         with watch_file(args, weights, total, f"deriving a {args.kind} revision"):
-            m = (hf_demo.make_hf_revision if hf else demo.make_revision)(
+            m = (hf_demo.make_hf_revision if hf else cpu_model.make_revision)(
                 args.base, out, args.kind, args.fraction, args.seed, chunk_size=args.chunk_size)
     else:
         if args.size is None:
             raise UsageError("give --size for a new demo bundle, or --from BASE for a revision")
-        make = hf_demo.make_hf_demo if args.format == "hf" else demo.make_demo
+        make = hf_demo.make_hf_demo if args.format == "hf" else cpu_model.make_demo
         with watch_file(args, weights, args.size, "generating demo weights"):
             m = make(out, args.size, args.seed, chunk_size=args.chunk_size)
     print(f"{m.digest}\n  wrote {out} ({m.total_bytes} bytes)")

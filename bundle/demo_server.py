@@ -23,7 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import demo
+from . import cpu_model
 from .manifest import MANIFEST_NAME
 from .scan import read_manifest
 from .sources import push
@@ -77,7 +77,7 @@ def generate(work: Path, name: str, size: int, seed: int) -> Path:
     """The demo bundle in ``work/name``, generated unless an earlier run left it there."""
     bundle = work / name
     if not (bundle / MANIFEST_NAME).exists():
-        demo.make_demo(bundle, size, seed)
+        cpu_model.make_demo(bundle, size, seed)
     return bundle
 
 

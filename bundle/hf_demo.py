@@ -11,8 +11,9 @@ is special to the bundle machinery: ``resident bundle build`` on such a director
 the same manifest.
 
 Revisions (``make_hf_revision``) model the three kinds of change a transition meets, as
-for the numpy demo: ``rows`` rewrites a fraction of the rows of the projection and
-LM-head tensors (the same code as :func:`bundle.demo.make_revision`), ``graph`` changes
+for the cpu format (:mod:`bundle.model_revisions`): ``rows`` rewrites a fraction of the
+rows of the projection and LM-head tensors (:func:`bundle.model_revisions.rows_revision`,
+the same for both formats), ``graph`` changes
 config.json only (``max_position_embeddings`` doubles: the weights stay byte-identical,
 the module must be built anew) and ``whole`` draws every weight again.
 
@@ -26,7 +27,7 @@ import math
 import shutil
 from pathlib import Path
 
-from .demo import DemoError, REVISION_KINDS, WEIGHTS_NAME, _copy_bundle, _finish, make_revision
+from .model_revisions import REVISION_KINDS, WEIGHTS_NAME, DemoError, copy_base, rows_revision, seal
 from .manifest import DEFAULT_CHUNK_SIZE, MANIFEST_NAME, Manifest
 
 VOCAB = 512
@@ -110,7 +111,7 @@ def make_hf_demo(out_dir: Path | str, size_bytes: int, seed: int = 0,
     try:
         vocab = write_tokenizer(out)
         write_weights(out, choose_hf_config(size_bytes, vocab), seed)
-        return _finish(out, chunk_size)
+        return seal(out, chunk_size)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -129,13 +130,13 @@ def make_hf_revision(base_dir: Path | str, out_dir: Path | str, kind: str, fract
                      seed: int = 1, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Manifest:
     """Derive a revision of the hf demo checkpoint ``base_dir`` into ``out_dir`` (see above)."""
     if kind == "rows":
-        return make_revision(base_dir, out_dir, "rows", fraction, seed, chunk_size=chunk_size)
+        return rows_revision(base_dir, out_dir, fraction, seed, chunk_size=chunk_size)
     if kind not in REVISION_KINDS:
         raise DemoError(f"kind {kind!r} is not one of {', '.join(REVISION_KINDS)}")
     base, out = Path(base_dir), Path(out_dir)
     if not is_hf_checkpoint(base):
         raise DemoError(f"{base} is not a Hugging Face checkpoint (config.json has no model_type)")
-    _copy_bundle(base, out)
+    copy_base(base, out)
     try:
         config = json.loads((out / "config.json").read_text())
         if kind == "graph":
@@ -145,7 +146,7 @@ def make_hf_revision(base_dir: Path | str, out_dir: Path | str, kind: str, fract
             keys = set(choose_hf_config(256 * 1024, VOCAB))
             (out / WEIGHTS_NAME).unlink()
             write_weights(out, {k: v for k, v in config.items() if k in keys}, seed + 1_000_003)
-        return _finish(out, chunk_size)
+        return seal(out, chunk_size)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise

@@ -4,10 +4,19 @@ Each line has ``ts`` (UTC, ISO 8601 with milliseconds), ``level``, ``logger`` an
 then every ``extra=`` field of the record, none dropped, and ``exc`` with the traceback
 when there is one. Code logs with ``log.info("materialized", extra={"digest": d,
 "bytes_fetched": n})``. A value that is not JSON (a path, an enum) is written as its
-``str()``. The bundle tools, the bridge, the owner and the operator all call
-:func:`configure` when they start: ``bundle`` is the one package every component imports,
-so this is the only formatter in the repository. A component that must leave something
-out (the operator drops kopf's routine success lines) passes a :class:`logging.Filter`.
+``str()``.
+
+:func:`configure` is the one place logging is set up, for every entry point: ``resident
+bundle``, ``bridge``, ``owner`` and ``operator``, the bundle server (``python -m
+bundle.sources.httpserve``) and the local-cluster tools each call it once when they start,
+with their level, and nothing else touches the root logger (a unit test checks it).
+``bundle`` is the one package every component imports, so this is the only formatter in
+the repository. A component that must leave something out (the operator drops kopf's
+routine success lines) passes a :class:`logging.Filter`; ``json_lines=False`` gives plain
+text for people at a terminal (``resident operator --log-format plain``, the demo).
+
+Logger names say which component wrote a line: ``resident.bundle.*``, ``resident.bridge.*``,
+``resident.owner.*`` and ``resident.operator.*`` (kopf's own records keep ``kopf.*``).
 """
 
 from __future__ import annotations
@@ -39,11 +48,15 @@ class JSONLineFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
-def configure(level: int | str = logging.INFO, *, filters: Iterable[logging.Filter] = (),
-              stream: TextIO | None = None) -> logging.Handler:
-    """Send every record (the root logger's) to ``stream`` (stderr) as JSON lines."""
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure(level: int | str = logging.INFO, *, json_lines: bool = True,
+              filters: Iterable[logging.Filter] = (), stream: TextIO | None = None) -> logging.Handler:
+    """Send every record (the root logger's) at ``level`` and above to ``stream`` (stderr),
+    as JSON lines or, with ``json_lines=False``, as plain text; Python warnings too."""
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JSONLineFormatter())
+    handler.setFormatter(JSONLineFormatter() if json_lines else logging.Formatter(PLAIN_FORMAT))
     for f in filters:
         handler.addFilter(f)
     root = logging.getLogger()

@@ -59,10 +59,6 @@ class PublishArgs(BaseModel):
     bundle: BundleRef
     pod: PodRef
 
-    def compatible_with(self, other: "PublishArgs") -> bool:
-        """Same volume and same bundle: a repeated publish that may answer OK."""
-        return (self.volume_id, self.bundle.digest) == (other.volume_id, other.bundle.digest)
-
 
 class UnpublishArgs(BaseModel):
     model_config = ConfigDict(frozen=True)

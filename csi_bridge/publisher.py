@@ -37,7 +37,7 @@ import grpc
 
 from bundle.errors import BundleError
 from bundle.manifest import MANIFEST_NAME
-from . import faults, mountinfo, mounts, volumes
+from . import checkpoints, mountinfo, mounts, volumes
 from .arguments import PublishArgs, UnpublishArgs
 from .authorization import Authorizer, Denied
 from .fetches import Fetch, Fetches
@@ -128,13 +128,13 @@ class Publisher:
         vdir, target = Path(rec.volume_dir), Path(rec.target_path)
         try:
             self.store.acquire_lease(lease_holder(vdir), rec.digest)
-            faults.point("publish:after-lease")
+            checkpoints.reached("publish:after-lease")
             volumes.build(self.store, vdir, rec.digest)
         except BundleError as e:
             raise from_bundle_error(e, f"building the volume of {rec.digest}") from None
         except OSError as e:
             raise CsiError(grpc.StatusCode.INTERNAL, f"building volume for {rec.digest}: {e}") from None
-        faults.point("publish:after-volume")
+        checkpoints.reached("publish:after-volume")
         try:
             target.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -146,12 +146,12 @@ class Publisher:
                 top = None
             if top is None:
                 mounts.bind_read_only(vdir, target,
-                                      between=lambda: faults.point("publish:after-bind"))
+                                      between=lambda: checkpoints.reached("publish:after-bind"))
             else:
                 mounts.verify_read_only_bind(vdir, target)
         except mounts.MountError as e:
             raise CsiError(grpc.StatusCode.INTERNAL, f"mounting {target}: {e}") from None
-        faults.point("publish:after-mount")
+        checkpoints.reached("publish:after-mount")
         self.state.set_publication_state(rec.target_path, "published")
 
     def _mount_intact(self, rec: Publication) -> bool:
@@ -237,7 +237,7 @@ class Publisher:
         try:
             if mounts.shows(vdir, target) or mountinfo.mount_at(target) is not None:
                 mounts.unmount_all(target)
-            faults.point("unpublish:after-unmount")
+            checkpoints.reached("unpublish:after-unmount")
             try:
                 os.rmdir(target)
             except FileNotFoundError:

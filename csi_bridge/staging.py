@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bundle.errors import IntegrityMismatch, PlanError, SourceUnavailable, StoreError, StoreFull
 from bundle.manifest import MANIFEST_NAME, ManifestError, revision_dirname
-from . import faults, volumes
+from . import checkpoints, volumes
 from .arguments import BundleRef, PodRef
 from .authorization import Denied
 from .state import Delivery, Publication
@@ -124,7 +124,7 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
             # The delivery's spec changed (a new generation): its lease moves to the new revision.
             store.release_lease(delivery_holder(uid))
         store.acquire_lease(delivery_holder(uid), digest)
-        faults.point("stage:after-lease")
+        checkpoints.reached("stage:after-lease")
         vdir = Path(pub.volume_dir)
         donor = spec.donor or volumes.current_digest(vdir)
         if donor and (donor == digest or not store.has_revision(donor)):
@@ -143,7 +143,7 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
                     raise StageFailed(reason, str(e)) from None
             raise
         volumes.link_revision(store, vdir, digest)
-        faults.point("stage:after-link")
+        checkpoints.reached("stage:after-link")
         volumes.set_current(vdir, digest)
         verified = verify_staged(store, vdir, digest) and res.verified
         status = {

@@ -110,5 +110,6 @@ if __name__ == "__main__":
     parser.add_argument("--version", default=None, help=f"default: $RESIDENT_KUBERNETES_VERSION or {NEWEST}")
     parser.add_argument("--control-plane-only", action="store_true", help="only what the cluster layer needs")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
+    from bundle.jsonlog import configure
+    configure(logging.INFO)
     print(ensure_binaries(CONTROL_PLANE if args.control_plane_only else CONTROL_PLANE + NODE, args.version))

@@ -267,7 +267,8 @@ class ControlPlane:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
+    from bundle.jsonlog import configure
+    configure(logging.INFO)
     with ControlPlane() as cp:
         print(cp.install_crds())
         print(cp.kubectl("get", "--raw", "/version").stdout)

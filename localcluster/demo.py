@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                              "per node, and the run shows what each node's bridge moved")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every step of the harness")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from bundle.jsonlog import configure
+    configure(logging.INFO if args.verbose else logging.WARNING, json_lines=False)
     work = args.work or Path(tempfile.mkdtemp(prefix="resident-demo-"))
     size = args.size_mib or (4 if args.backend == "torch" else 64)
     return run(size, work, args.keep, args.backend, args.nodes)

@@ -40,7 +40,7 @@ class Revisions:
 
 
 def make_bundles(work: Path, size_bytes: int) -> tuple[Revisions, dict[str, Path]]:
-    from bundle.demo import make_demo, make_revision
+    from bundle.cpu_model import make_demo, make_revision
 
     dirs = {k: work / f"rev-{k}" for k in "abcd"}
     digests = {}

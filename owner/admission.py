@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from bundle.demo import is_admissible
+from bundle.model_revisions import is_admissible
 from bundle.manifest import Manifest, Role
 
 from .inplace import ChangedRange, NeedsReload, RangeCheck, RowStore, StagedUpdate, TensorPatch

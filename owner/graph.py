@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bundle.demo import tensor_shapes
+from bundle.cpu_model import tensor_shapes
 
 KNOWN_OPS = {"rmsnorm", "linear", "rope", "attention", "add", "gelu", "argmax"}
 MAX_ARENA_BYTES = 64 * 1024 ** 3

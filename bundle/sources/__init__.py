@@ -21,11 +21,11 @@ from .file import FileSource, push_dir
 from .http import HttpSource, push_http
 from .oci import OciSource, push_oci
 from .publish import Progress, TargetConflict, open_bundle
-from .ranged import RetryPolicy
+from .ranged import RetryPolicy, is_outage
 from .source import Source, fetch_verified, verify_manifest
 
 __all__ = ["Source", "open_source", "push", "push_size", "fetch_verified", "verify_manifest", "RetryPolicy",
-           "TargetConflict", "FileSource", "HttpSource", "OciSource", "SCHEMES"]
+           "TargetConflict", "is_outage", "FileSource", "HttpSource", "OciSource", "SCHEMES"]
 
 SCHEMES = ("file", "http", "https", "oci", "oci+http", "oci+https")
 

@@ -46,6 +46,19 @@ class TransientUnavailable(SourceUnavailable):
 
 def is_transient(status_code: int) -> bool:
     return status_code >= 500 or status_code == 429
+
+
+def is_outage(error: BaseException) -> bool:
+    """True when a read failed because the server did not answer usefully (no connection,
+    a timeout, 5xx or 429, after the retries), False when it answered no (a 4xx) or the
+    failure was not the network's: the cause chain is searched, since a reader that gives
+    up raises :class:`SourceUnavailable` from the last cause."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (TransientUnavailable, _Retry, *RETRYABLE)):
+            return True
+        seen = seen.__cause__
+    return False
 _OS_ERROR = re.compile(r"\[Errno -?\d+\] [^'\")\]]+")
 
 

@@ -2,7 +2,7 @@
 
 One owner runtime (``owner.runtime.Owner`` with the real cpu backend, in this process) holds
 a demo model of ``--mib`` MiB of BF16 weights. A second revision changes ``--fraction`` of
-the rows of every projection and LM-head tensor (``bundle.demo.make_revision(kind="rows")``).
+the rows of every projection and LM-head tensor (``bundle.cpu_model.make_revision(kind="rows")``).
 Every sample is one transition to the *other* revision (base <-> rows), so each arm always
 moves the same 0.5 % of rows, and is timed by the owner itself (``timings.totalSeconds``:
 stage + apply + verify + first token). Arms, alternated per round by benchkit:
@@ -50,9 +50,9 @@ sys.path.insert(0, str(HERE.parent))
 
 import benchkit  # noqa: E402
 import owner_transition  # noqa: E402
-from bundle.demo import choose_config, make_demo, make_revision, tensor_shapes  # noqa: E402
+from bundle.cpu_model import choose_config, make_demo, make_revision, tensor_shapes  # noqa: E402
 from owner.backends.cpu import CpuBackend  # noqa: E402
-from owner.local_volume import stage_revision  # noqa: E402
+from testkit.local_volume import stage_revision  # noqa: E402
 from owner.runtime import Owner  # noqa: E402
 
 GRAPH_ONLY_RATIOS = {"full_reload_over_graph_only": ("full_reload", "graph_only")}

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 import benchkit  # noqa: E402
 from csi_bridge.proto import csi_pb2  # noqa: E402
 from csi_bridge.server import Bridge, BridgeConfig  # noqa: E402
-from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, publish_request  # noqa: E402
+from testkit.bridge import CsiClient, cleanup_mounts, make_bundle, publish_request  # noqa: E402
 
 CHUNK = 4 * 1024 * 1024
 

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or HERE / (f"{args.size_mib}mib" + ("-xfs" if args.store_fs == "xfs" else ""))
 
-    from bundle.demo import make_revision
+    from bundle.cpu_model import make_revision
     from bundle.loopfs import loop_filesystem
     from localcluster.install import install
     from localcluster.node import LocalCluster

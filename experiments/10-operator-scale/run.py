@@ -120,7 +120,7 @@ def model(name: str, bundle: dict) -> dict:
 
 def tiny_bundle(work: Path) -> dict:
     """A real (tiny) bundle: the operator reads its manifest before it places a model."""
-    from bundle.demo import make_demo
+    from bundle.cpu_model import make_demo
     return {"source": f"file://{work / 'bundle'}",
             "digest": make_demo(work / "bundle", 256 * 1024, seed=1).digest}
 

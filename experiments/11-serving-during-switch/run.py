@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kubernetes import client
 
-    from bundle.demo import make_revision
+    from bundle.cpu_model import make_revision
     from localcluster.install import install
     from localcluster.node import LocalCluster
     from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body

@@ -37,7 +37,7 @@ import benchkit  # noqa: E402
 import owner_transition  # noqa: E402
 from bundle.hf_demo import make_hf_demo, make_hf_revision  # noqa: E402
 from owner.backends.torch_lm import TorchBackend  # noqa: E402
-from owner.local_volume import stage_revision  # noqa: E402
+from testkit.local_volume import stage_revision  # noqa: E402
 from owner.runtime import Owner  # noqa: E402
 
 RATIOS = {"reload_keep_over_in_place": ("reload_keep", "in_place"),

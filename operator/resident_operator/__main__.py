@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
                  liveness_endpoint=args.liveness)
     except Exception as e:  # noqa: BLE001 - reported, then the supervisor restarts us
-        logging.getLogger("resident_operator").error(
+        logging.getLogger("resident.operator").error(
             "the operator stopped on an error; exiting so that it is started again",
             exc_info=True, extra={"error": f"{type(e).__name__}: {e}"})
         return 1

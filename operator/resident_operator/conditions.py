@@ -67,8 +67,3 @@ def merge_conditions(previous: Iterable[dict[str, Any]] | None, wanted: Iterable
 
 def find(conditions: Iterable[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions or [] if c.get("type") == type_), None)
-
-
-def is_true(conditions: Iterable[dict[str, Any]] | None, type_: str) -> bool:
-    c = find(conditions, type_)
-    return bool(c and c.get("status") == "True")

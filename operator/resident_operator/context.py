@@ -7,7 +7,8 @@ globals, which also lets unit tests run them against simple stand-ins for the cl
 
 A pass also says what should happen after it, in :class:`FollowUp`: run again at once
 (it made progress that the next step can build on), look again after some seconds (a
-timeout or a retry is due), or wait on an owner's transition. Everything else that
+timeout or a retry is due), wait on an owner's transition, or wait on the probe of a
+source that is down (``source_probes.py``). Everything else that
 moves a model forward arrives as a watch event (see ``driver.py``).
 """
 
@@ -21,8 +22,9 @@ from typing import Any, Callable
 from .kube import Kube
 from .naming import LABEL_MODEL, fit
 from .settings import OperatorSettings
+from .source_probes import SourceProbes
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 EventFn = Callable[[str, str, bool], None]  # (reason, message, warning)
 
 
@@ -36,11 +38,13 @@ class OwnerWait:
 
 @dataclass
 class FollowUp:
-    """What the driver should do after a pass: again at once, after ``due`` s, or on an owner."""
+    """What the driver should do after a pass: again at once, after ``due`` s, on an owner,
+    or on sources that are down (``source_waits``: (source URI, error) pairs)."""
 
     again: bool = False
     due: float | None = None
     owner_waits: list[OwnerWait] = field(default_factory=list)
+    source_waits: list[tuple[str, str]] = field(default_factory=list)
 
     def recheck_in(self, seconds: float) -> None:
         self.due = max(0.0, seconds if self.due is None else min(self.due, seconds))
@@ -59,6 +63,7 @@ class ModelContext:
     token: str = ""
     endpoint: str | None = None   # status.endpoint once the companions were checked; None: check
     follow_up: FollowUp = field(default_factory=FollowUp)
+    sources: SourceProbes | None = None   # the operator's open source probes; None: none shared
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """A Kubernetes Event on the model (for humans) plus a structured log line."""

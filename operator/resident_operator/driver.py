@@ -7,7 +7,9 @@ A pass runs when something it depends on changed, never on a tick:
 - an owner's answer to ``GET /v1/transitions/{id}?waitSeconds=N``: the driver waits on the
   owner (asynchronously, no thread held) and wakes the model when the transition ends;
 - a time the previous pass asked for (:class:`~.context.FollowUp`): a step's timeout, a
-  retry of an unreachable owner or of a source that was down;
+  retry of an unreachable owner or of a source the model reads alone (``file://``, a 404);
+- the probe of a source that was down answering (:func:`probe_source`): one probe per
+  source, whatever the number of models waiting on it (``source_probes.py``);
 - the slow safety resync (``RESIDENT_RESYNC_SECONDS``, with jitter).
 
 A pass that made progress asks to run again at once, so the steps of a transition follow
@@ -25,6 +27,7 @@ import contextvars
 import logging
 import random
 import threading
+import time
 from concurrent.futures import Executor
 from typing import Any, Callable
 
@@ -32,10 +35,12 @@ import aiohttp
 
 from . import metrics
 from .context import FollowUp, OwnerWait
+from .source_probes import SourceProbes
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 OWNER_WAIT_SECONDS = 30      # one waiting GET; the owner allows up to 60
 UNREACHABLE_PAUSE = 1.0      # an owner that does not answer: wake the model, but not in a loop
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5, sock_connect=3)
 
 
 class ModelHandle:
@@ -86,7 +91,8 @@ def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:
 
 
 async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], FollowUp | None],
-                pool: Executor, session: aiohttp.ClientSession, resync_seconds: float) -> None:
+                pool: Executor, session: aiohttp.ClientSession, resync_seconds: float,
+                sources: SourceProbes | None = None) -> None:
     """Run passes until the model is deleted (``stopped``) or gone."""
     loop = asyncio.get_running_loop()
     wait, resync = 0.0, False
@@ -106,10 +112,18 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
                 if owner.url not in handle.waiters:
                     handle.waiters[owner.url] = asyncio.create_task(
                         _wait_owner(handle, owner, session), name=f"owner-wait {owner.url}")
+            for source, error in follow.source_waits if sources is not None else ():
+                opened = sources.wait(source, handle, error, time.monotonic())
+                if opened is not None:   # this model found the source down first
+                    opened.task = asyncio.create_task(probe_source(sources, opened.key, session),
+                                                      name=f"source-probe {opened.key}")
             wait, resync = next_wait(follow, resync_seconds)
     finally:
         for task in list(handle.waiters.values()):
             task.cancel()
+        for probe in sources.leave(handle) if sources is not None else ():
+            if probe.task is not None:
+                probe.task.cancel()
 
 
 async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
@@ -145,3 +159,36 @@ async def _wait_owner(handle: ModelHandle, owner: OwnerWait, session: aiohttp.Cl
         handle.poke("owner")
     finally:
         handle.waiters.pop(owner.url, None)
+
+
+async def probe_source(sources: SourceProbes, key: str, session: aiohttp.ClientSession | None) -> None:
+    """Probe the source ``key`` on its backoff until it answers, then wake every model that
+    waits on it; stop when no model waits any more (``source_probes.py``)."""
+    while (due := sources.next_probe(key)) is not None:
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        if sources.next_probe(key) is None:
+            return
+        error = await _probe_once(session, key + "/")
+        metrics.SOURCE_PROBES.labels(result="down" if error else "answered").inc()
+        if error is None:
+            waiters = sources.answered(key, time.monotonic())
+            log.info("source answers again", extra={"source": key, "models": len(waiters)})
+            for waiter in waiters:
+                waiter.poke("source")
+            return
+        sources.failed(key, error, time.monotonic())
+
+
+async def _probe_once(session: aiohttp.ClientSession | None, url: str) -> str | None:
+    """None if ``url`` answers (any HTTP status below 500 but 429), else why not. TLS is not
+    verified: the probe trusts nothing it reads, it only asks whether the server answers;
+    the models' own reads verify it."""
+    if session is None:
+        return "no HTTP session"
+    try:
+        async with session.get(url, timeout=PROBE_TIMEOUT, allow_redirects=False, ssl=False) as resp:
+            if resp.status < 500 and resp.status != 429:
+                return None
+            return f"GET {url}: HTTP {resp.status}"
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        return f"GET {url}: {type(e).__name__}: {e}"

@@ -39,9 +39,10 @@ from .kube import Kube, load_config
 from .passes import model_context, run_pass
 from .reconcile import state_of
 from .settings import OperatorSettings, settings_from_env
+from .source_probes import SourceProbes
 from .sweep import sweep_once
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 MODEL = (naming.GROUP, naming.VERSION, naming.MODEL_PLURAL)
 DELIVERIES = (naming.GROUP, naming.VERSION, naming.DELIVERY_PLURAL)
 OWNED = {naming.LABEL_MODEL_UID: kopf.PRESENT}
@@ -60,6 +61,7 @@ class Runtime:
         self.session: aiohttp.ClientSession | None = None
         self.handles: dict[str, ModelHandle] = {}
         self.sweeper: asyncio.Task | None = None
+        self.sources = SourceProbes()   # one probe per source that is down, shared by its models
 
 
 @kopf.on.startup()
@@ -85,6 +87,9 @@ async def shut_down(memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
     if rt.sweeper is not None:
         rt.sweeper.cancel()
+    for probe in rt.sources.open_probes():
+        if probe.task is not None:
+            probe.task.cancel()
     if rt.session is not None:
         await rt.session.close()
     rt.pool.shutdown(wait=False, cancel_futures=True)
@@ -213,8 +218,8 @@ async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: s
         rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="orphan sweep")
     handle = _handle(memo, namespace, name, uid)
     one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock,
-                                 handle.known)
-    await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds)
+                                 handle.known, rt.sources)
+    await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds, rt.sources)
 
 
 @kopf.on.delete(*MODEL, retries=None, backoff=1, timeout=None)  # until every child is gone

@@ -20,7 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from . import naming
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("resident.operator.kube")
 CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}
 # other kinds: (group, version, plural); each is GA in every Kubernetes the operator supports
 KINDS = {"BundleDelivery": (naming.GROUP, naming.VERSION, naming.DELIVERY_PLURAL),

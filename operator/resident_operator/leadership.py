@@ -34,7 +34,7 @@ from typing import Any, Callable
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 
 
 def default_identity() -> str:

@@ -31,6 +31,9 @@ TRANSITIONS = Counter("resident_transitions_total", "Finished transitions by res
                       ["result"], registry=REGISTRY)
 WAKES = Counter("resident_operator_wakes_total", "Requests for a model's pass, by cause.",
                 ["cause"], registry=REGISTRY)
+SOURCE_PROBES = Counter("resident_operator_source_probes_total",
+                        "Probes of sources that were down, by result (answered or down); one "
+                        "probe serves every model waiting on its source.", ["result"], registry=REGISTRY)
 PASS_SECONDS = Histogram("resident_operator_pass_duration_seconds", "Wall time of one pass.",
                          registry=REGISTRY,
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))

@@ -30,7 +30,7 @@ from .pod_verdicts import FAILED_MOUNT, mount_verdict
 from .pod_template import stamp
 from .spec import ModelSpec
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 UNREACHABLE_RETRY_SECONDS = 5.0
 MOUNT_RECHECK_SECONDS = 3.0   # while an owner Pod waits for its volume: kubelet's FailedMount
 

@@ -25,8 +25,9 @@ from .context import FollowUp, ModelContext
 from .kube import Kube
 from .reconcile import reconcile, write_status
 from .settings import OperatorSettings
+from .source_probes import SourceProbes
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 ERROR_RETRY_SECONDS = 5.0
 
 
@@ -48,12 +49,14 @@ def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: 
 
 
 def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, uid: str,
-             lock: threading.Lock, known: dict[str, Any]) -> FollowUp | None:
+             lock: threading.Lock, known: dict[str, Any], sources: SourceProbes | None = None
+             ) -> FollowUp | None:
     """One pass; None when the model is gone (or replaced by another of the same name).
 
     ``known`` carries what a pass may reuse from the last one (the owners' token, the
     checked companions' endpoint; the driver forgets each when an event says it changed,
-    ``driver.FORGETS``), so a pass does not read them again."""
+    ``driver.FORGETS``), so a pass does not read them again. ``sources`` are the
+    operator's shared source probes (``source_probes.py``)."""
     t0 = time.perf_counter()
     with lock:
         try:
@@ -65,6 +68,7 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
         if ctx is None or ctx.uid != uid:
             return None
         ctx.token, ctx.endpoint, epoch = known.get("token", ""), known.get("endpoint"), known.get("epoch")
+        ctx.sources = sources
         _reconcile(ctx)
         if known.get("epoch") == epoch:    # nothing it read changed meanwhile
             known.update(token=ctx.token, endpoint=ctx.endpoint)

@@ -23,7 +23,7 @@ from .model_state import ModelState
 from .observe import Blocker, OwnerView
 from .owner_step import observe_owner, perform
 from .planning import InPlaceImpossible, plan_transition
-from .source_check import SOURCE_REASONS, SourceProblem, fetch_manifest, retry_after
+from .source_check import SOURCE_REASONS, SourceProblem, read_manifest, retry_later
 from .spec import ModelSpec
 from .transition import (OwnerProgress, Step, TransitionState, advance,
                          outcome, owners_to_start)
@@ -39,8 +39,8 @@ def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
     """Plan the move from the committed revision to spec.bundle and record it."""
     frm, to = state.bundle, spec.bundle
     try:
-        target = fetch_manifest(to.source, to.digest)
-        donor = fetch_manifest(frm["source"], frm["digest"])
+        target = read_manifest(ctx, to.source, to.digest)
+        donor = read_manifest(ctx, frm["source"], frm["digest"])
     except SourceProblem as e:
         return e.blocker
     caps = [v.in_place for v in views if v.in_place is not None]
@@ -90,8 +90,7 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
             return None  # failed for this generation: wait for a spec change
         blocker = start_transition(ctx, state, spec, views)
         if blocker is not None and blocker.reason in SOURCE_REASONS:   # it may come back
-            ctx.follow_up.recheck_in(retry_after((ctx.body.get("status") or {}).get("conditions"),
-                                                 ctx.clock()))
+            retry_later(ctx)
             return blocker
         if blocker is not None or state.transition is None:
             ctx.follow_up.recheck_in(BLOCKED_RETRY_SECONDS)

@@ -36,14 +36,5 @@ FILTERS = (QuietSuccesses(), WithoutKopfSettings())
 
 
 def setup(level: int = logging.INFO, json_lines: bool = True, stream=None) -> None:
-    if json_lines:
-        jsonlog.configure(level, filters=FILTERS, stream=stream)
-        return
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for f in FILTERS:
-        handler.addFilter(f)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.captureWarnings(True)
+    """The operator's logs: :func:`bundle.jsonlog.configure` with kopf's noise left out."""
+    jsonlog.configure(level, json_lines=json_lines, filters=FILTERS, stream=stream)

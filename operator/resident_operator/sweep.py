@@ -26,7 +26,7 @@ from .passes import model_context
 from .reconcile import state_of
 from .settings import OperatorSettings
 
-log = logging.getLogger("resident_operator")
+log = logging.getLogger("resident.operator")
 
 
 def sweep_once(kube: Kube, settings: OperatorSettings, handles: Iterable[ModelHandle],

@@ -8,7 +8,7 @@
   staging the bundle into a directory, runs the *real* owner runtime and HTTP server on
   127.0.0.1, reports Pod phase/IP/Ready from the owner's ``/readyz``, finishes Pod
   deletion) and the **bridge** (holds its finalizer on BundleDeliveries, stages revisions
-  into the live volume with ``owner.local_volume.stage_revision`` and reports Staged or
+  into the live volume with ``testkit.local_volume.stage_revision`` and reports Staged or
   Failed). Nothing about the operator, the API server or the owner is mocked.
   With ``real_bridge=True`` the real bridge (``python -m csi_bridge``, gRPC over a unix
   socket, real read-only bind mounts) publishes the volumes and serves the deliveries;
@@ -47,9 +47,9 @@ from bundle.scan import read_manifest
 from bundle.sources.file import dir_from_uri
 from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2
-from csi_bridge.testing import BridgeProcess, CsiClient, cleanup_mounts, publish_request
+from testkit.bridge import BridgeProcess, CsiClient, cleanup_mounts, publish_request
 from owner.backends.cpu import CpuBackend
-from owner.local_volume import stage_revision
+from testkit.local_volume import stage_revision
 from owner.runtime import Owner
 from owner.server import make_server
 

@@ -25,10 +25,11 @@ from kubernetes.config import new_client_from_config
 
 from bundle.manifest import MANIFEST_NAME
 from bundle.scan import read_manifest
-from csi_bridge import faults, mountinfo
+from csi_bridge import mountinfo
 from csi_bridge.deliveries import FINALIZER
 from csi_bridge.server import Bridge, BridgeConfig
-from csi_bridge.testing import BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit import crash_points
+from testkit.bridge import BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
 from polling import wait_for
 
 G, V = "resident.dev", "v1alpha1"
@@ -214,11 +215,11 @@ def test_kill_mid_stage_then_restart_finishes_without_partial_tree(world):
     bridge = BridgeProcess(w.tmp / "b", authorize="api",
                            extra_args=("--deliveries", "--kubeconfig", w.bridge_kubeconfig))
     try:
-        bridge.start(env={faults.CRASH_ENV: "stage:after-link"})
+        bridge.start(crash_at="stage:after-link")
         with CsiClient(bridge.socket) as c:
             c.node.NodePublishVolume(publish_req(w))
         created = delivery(w)
-        assert bridge.wait_exit(60) == faults.EXIT_CODE
+        assert bridge.wait_exit(60) == crash_points.EXIT_CODE
         vol = w.target
         assert os.readlink(vol / "current") == "revisions/" + w.d1.replace(":", "-")  # not moved
         staged_dir = vol / "revisions" / w.d2.replace(":", "-")
@@ -261,11 +262,11 @@ def test_half_publish_of_a_deleted_pod_is_released_and_a_live_pods_is_kept(world
             db.close()
     try:
         for req in (publish_req(w), req_b):  # both publishes die after building the volume
-            bridge.start(env={faults.CRASH_ENV: "publish:after-volume"})
+            bridge.start(crash_at="publish:after-volume")
             with CsiClient(bridge.socket) as c:
                 with pytest.raises(grpc.RpcError):
                     c.node.NodePublishVolume(req)
-            assert bridge.wait_exit() == faults.EXIT_CODE
+            assert bridge.wait_exit() == crash_points.EXIT_CODE
         assert len(holders()) == 2
         w.core.delete_namespaced_pod("owner-0", w.ns, grace_period_seconds=0)
         wait_for(lambda: not [p for p in w.core.list_namespaced_pod(w.ns).items

@@ -11,7 +11,8 @@
   FailedMount Event on the owner Pod, and the model recovers when the file is back. A node
   store too small for the bundle is reported the same way, with the sizes.
 - A transition whose new source is down says so (``Degraded`` SourceUnavailable), starts
-  nothing, is retried with the same backoff and starts by itself when the source is back.
+  nothing, waits on the source's probe (the same backoff) and starts by itself when the
+  source is back.
 - A child the API server refuses (a ResourceQuota of zero Services) makes the model
   ``Degraded`` (ReconcileFailed) with the API server's message, until the quota goes.
 - Deletion always finishes: with the real bridge stopped, a BundleDelivery it never
@@ -28,7 +29,7 @@ import time
 
 import pytest
 
-from bundle.demo import make_demo
+from bundle.cpu_model import make_demo
 from bundle.loopfs import loop_filesystem
 from bundle.sources import push
 from bundle.sources.httpserve import BundleServer
@@ -144,15 +145,17 @@ def test_a_source_that_comes_back_is_picked_up_with_backoff(cluster, namespace, 
     served.stop()                                    # the source is down: connection refused
     try:
         with running_operator(namespace):
-            before = blocked_passes()
+            before, probed = blocked_passes(), probes_down()
             api.create_model("lm", {"bundle": {"source": url, "digest": d["one"]}})
             cond = wait_for(lambda: degraded(api, "lm", "SourceUnavailable"), timeout=10,
                             what="Degraded/SourceUnavailable")
             assert f"127.0.0.1:{served.port}" in cond["message"]
             nothing_created(api, "lm")
             time.sleep(12)
-            # retried with backoff (about 0, 2, 4, 8 s), not in a loop
-            assert 2 <= blocked_passes() - before <= 6, blocked_passes() - before
+            # the model read it once and waits on the source's probe, which backs off (about
+            # 2, 6 s after the failure, then 14 s), not in a loop
+            assert 1 <= blocked_passes() - before <= 2, blocked_passes() - before
+            assert 1 <= probes_down() - probed <= 3, probes_down() - probed
             served.start()
             pod = wait_for(lambda: api.pods("resident.dev/model=lm"), timeout=25,
                            what="the owner Pod once the source is back")[0]
@@ -162,6 +165,10 @@ def test_a_source_that_comes_back_is_picked_up_with_backoff(cluster, namespace, 
             wait_for(lambda: "Recovered" in api.reasons("lm"), timeout=10, what="a Recovered Event")
     finally:
         served.stop()
+
+
+def probes_down() -> float:
+    return REGISTRY.get_sample_value("resident_operator_source_probes_total", {"result": "down"}) or 0.0
 
 
 def passes(result: str) -> float:
@@ -227,14 +234,16 @@ def test_a_transition_whose_source_is_down_says_so_and_starts_when_it_is_back(
                                     "runtime": {"port": port}})
             wait_for(lambda: ready_on(api, d["one"]), timeout=45, what="Ready on one")
             api.patch_spec("lm", {"bundle": {"source": url, "digest": d["two"]}})
-            before = passes("ok")
+            before, probed = passes("ok"), probes_down()
             cond = wait_for(lambda: degraded(api, "lm", "SourceUnavailable"), timeout=10,
                             what="Degraded/SourceUnavailable")
             assert f"127.0.0.1:{served.port}" in cond["message"] and d["two"] in cond["message"]
             time.sleep(12)
             assert api.deliveries() == []           # the transition did not start
-            # retried with backoff (about 0, 2, 4, 8 s), neither in a loop nor every 10 s
-            assert 3 <= passes("ok") - before <= 6, passes("ok") - before
+            # the model waits on the source's probe (about 2, 6 s after the failure, then 14 s):
+            # neither its passes nor the probes come in a loop
+            assert 1 <= passes("ok") - before <= 3, passes("ok") - before
+            assert 1 <= probes_down() - probed <= 3, probes_down() - probed
             served.start()
             wait_for(lambda: ready_on(api, d["two"]), timeout=45, what="Ready on two")
             assert condition(api.model("lm"), "Degraded")["status"] == "False"

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from bundle.demo import make_demo
+from bundle.cpu_model import make_demo
 from conftest_operator import OPERATOR_ENV, Api, condition, running_operator
 from polling import wait_for
 from resident_operator.driver import ModelHandle

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bundle.demo import make_demo
+from bundle.cpu_model import make_demo
 from localcluster.processes import free_port
 
 from conftest_operator import Api, PlayedNode, running_operator

@@ -17,7 +17,7 @@ import time
 import pytest
 from kubernetes import client
 
-from bundle.demo import make_demo, make_revision
+from bundle.cpu_model import make_demo, make_revision
 from localcluster.processes import free_port
 from owner.backends.cpu import CpuBackend
 from resident_operator.metrics import REGISTRY

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from csi_bridge import mountinfo
-from csi_bridge.testing import cleanup_mounts
+from testkit.bridge import cleanup_mounts
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2
 from csi_bridge.server import Bridge, BridgeConfig
-from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, mount_capability, publish_request
+from testkit.bridge import CsiClient, cleanup_mounts, make_bundle, mount_capability, publish_request
 
 Mode = csi_pb2.VolumeCapability.AccessMode.Mode
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

@@ -17,7 +17,7 @@ from bundle.sources import RetryPolicy, open_source, push
 from bundle.sources.httpserve import BundleRequestHandler, BundleServer
 from csi_bridge import mountinfo
 from csi_bridge.server import Bridge, BridgeConfig
-from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit.bridge import CsiClient, cleanup_mounts, make_bundle, publish_request
 from localcluster.processes import free_port
 
 FAST = RetryPolicy(attempts=2, backoff_seconds=0.01, connect_timeout_seconds=2, read_timeout_seconds=20)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from csi_bridge.liveness import LivenessCheck
-from csi_bridge.testing import BridgeProcess
+from testkit.bridge import BridgeProcess
 
 KUBELET_TIMEOUT = 1.0  # the probe timeout these tests give kubelet's part
 

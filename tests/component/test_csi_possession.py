@@ -13,7 +13,7 @@ from bundle.sources import push
 from bundle.sources.httpserve import BundleServer
 from csi_bridge import mountinfo
 from csi_bridge.server import Bridge, BridgeConfig
-from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit.bridge import CsiClient, cleanup_mounts, make_bundle, publish_request
 
 FILES = {"w.safetensors": bytes(range(256)) * 512, "graph.onnx": b"tenant-a graph" * 50}
 

@@ -18,7 +18,7 @@ import pytest
 from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2, pluginregistration_pb2 as reg_pb, pluginregistration_pb2_grpc as reg_grpc
 from csi_bridge.server import Bridge, BridgeConfig, remove_stale_socket
-from csi_bridge.testing import REPO_ROOT, BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit.bridge import REPO_ROOT, BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
 
 
 def free_port() -> int:

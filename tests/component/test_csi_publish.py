@@ -13,7 +13,7 @@ from bundle.manifest import MANIFEST_NAME
 from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2
 from csi_bridge.server import Bridge, BridgeConfig
-from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit.bridge import CsiClient, cleanup_mounts, make_bundle, publish_request
 
 WEIGHTS = bytes(range(256)) * 1024 + b"tail"      # 256 KiB + 4: several 64 KiB chunks
 FILES = {"model.safetensors": WEIGHTS, "graph.onnx": b"graph-v1" * 100,

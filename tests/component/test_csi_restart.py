@@ -17,9 +17,10 @@ import grpc
 import pytest
 
 from bundle.manifest import MANIFEST_NAME
-from csi_bridge import faults, mountinfo
+from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2
-from csi_bridge.testing import BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit import crash_points
+from testkit.bridge import BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
 
 FILES = {"model.safetensors": os.urandom(300_000), "graph.onnx": b"graph" * 50, "config.json": b"{}"}
 
@@ -80,13 +81,13 @@ def publish_until_ok(client, req, tries=100):
     raise AssertionError("publish never completed")
 
 
-@pytest.mark.parametrize("point", [p for p in faults.POINTS if p.startswith("publish:")])
+@pytest.mark.parametrize("point", [p for p in crash_points.POINTS if p.startswith("publish:")])
 def test_crash_mid_publish_then_restart(env, point):
-    env.bridge.start(env={faults.CRASH_ENV: point})
+    env.bridge.start(crash_at=point)
     with CsiClient(env.bridge.socket) as c:
         with pytest.raises(grpc.RpcError):
             c.node.NodePublishVolume(env.req)
-    assert env.bridge.wait_exit() == faults.EXIT_CODE
+    assert env.bridge.wait_exit() == crash_points.EXIT_CODE
     if point == "publish:after-bind":
         # the half-made mount: bound from a read-only staging mount, so never writable
         assert [m.read_only for m in mounts_at(env.target)] == [True]
@@ -111,13 +112,13 @@ def test_crash_mid_publish_then_restart(env, point):
 
 
 def test_crash_mid_unpublish_is_finished_on_restart(env):
-    env.bridge.start(env={faults.CRASH_ENV: "unpublish:after-unmount"})
+    env.bridge.start(crash_at="unpublish:after-unmount")
     with CsiClient(env.bridge.socket) as c:
         publish_until_ok(c, env.req)
         with pytest.raises(grpc.RpcError):
             c.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
                 volume_id="csi-1", target_path=str(env.target)))
-    assert env.bridge.wait_exit() == faults.EXIT_CODE
+    assert env.bridge.wait_exit() == crash_points.EXIT_CODE
     assert mounts_at(env.target) == [] and len(leases(env)) == 1  # unmounted, lease still held
     env.bridge.start()
     assert leases(env) == [] and publications(env) == [] and not env.target.exists()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from csi_bridge.testing import REPO_ROOT, BridgeProcess
+from testkit.bridge import REPO_ROOT, BridgeProcess
 from localcluster.csi_tools import csi_sanity
 
 DOC = REPO_ROOT / "docs" / "csi-bridge.md"

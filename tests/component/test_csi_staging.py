@@ -11,7 +11,7 @@ from csi_bridge import mountinfo, staging
 from csi_bridge.authorization import StaticPolicy
 from csi_bridge.proto import csi_pb2
 from csi_bridge.server import Bridge, BridgeConfig
-from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit.bridge import CsiClient, cleanup_mounts, make_bundle, publish_request
 
 CHUNK = 64 * 1024
 W1 = os.urandom(8 * CHUNK)

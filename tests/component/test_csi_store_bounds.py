@@ -15,7 +15,7 @@ from bundle.loopfs import loop_filesystem
 from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2
 from csi_bridge.server import Bridge, BridgeConfig
-from csi_bridge.testing import CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit.bridge import CsiClient, cleanup_mounts, make_bundle, publish_request
 
 CHART_GC = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts" / "resident"
                            / "values.yaml").read_text())["bridge"]["gc"]

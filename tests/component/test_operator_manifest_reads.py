@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from bundle.demo import make_demo
+from bundle.cpu_model import make_demo
 from bundle.sources import push
 from bundle.sources.httpserve import BundleServer
 from resident_operator import source_check

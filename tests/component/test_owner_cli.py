@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from bundle.demo import make_demo
-from owner.local_volume import stage_revision
+from bundle.cpu_model import make_demo
+from testkit.local_volume import stage_revision
 
 REPO = Path(__file__).resolve().parents[2]
 RESIDENT = [sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_cli.main())"]

@@ -17,10 +17,10 @@ import openai
 import pytest
 import requests
 
-from bundle.demo import make_demo, make_revision
+from bundle.cpu_model import make_demo, make_revision
 from owner.backends.cpu import CpuBackend
 from owner.inference import make_inference_server
-from owner.local_volume import stage_revision
+from testkit.local_volume import stage_revision
 from owner.revisions import open_revision
 from owner.runtime import Owner
 from owner.server import make_server

@@ -11,12 +11,12 @@ import struct
 import numpy as np
 import pytest
 
-from bundle.demo import make_demo, make_revision
+from bundle.cpu_model import make_demo, make_revision
 from bundle.manifest import DEFAULT_CHUNK_SIZE
 from bundle.scan import build_manifest, write_manifest
 from owner.backends import BackendError
 from owner.backends.cpu import CpuBackend
-from owner.local_volume import stage_revision
+from testkit.local_volume import stage_revision
 from owner.revisions import IntegrityError, open_revision
 
 SIZE = 512 * 1024
@@ -172,7 +172,7 @@ def test_graph_and_whole_revisions_are_not_admissible_in_place(volume):
 def test_local_volume_matches_the_bridge_layout(tmp_path):
     from bundle.manifest import revision_dirname
     from bundle.scan import build_manifest
-    from owner.local_volume import set_current
+    from testkit.local_volume import set_current
 
     a = make_demo(tmp_path / "a", 128 * 1024, seed=1)
     b = make_revision(tmp_path / "a", tmp_path / "b", "graph")

@@ -14,14 +14,14 @@ import threading
 import numpy as np
 import pytest
 
-from bundle.demo import read_layout
+from bundle.model_revisions import read_layout
 from bundle.hf_demo import make_hf_demo, make_hf_revision
 from bundle.scan import build_manifest, write_manifest
 from owner import api
 from owner.backends.base import BackendError
 from owner.backends.torch_lm import TorchBackend
 from owner.inplace import NeedsReload
-from owner.local_volume import set_current, stage_revision
+from testkit.local_volume import set_current, stage_revision
 from owner.revisions import open_revision
 from owner.runtime import Owner, StartupError
 

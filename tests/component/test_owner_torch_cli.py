@@ -12,10 +12,10 @@ import pytest
 import requests
 
 from bundle import cli as bundle_cli
-from bundle.demo import read_layout
+from bundle.model_revisions import read_layout
 from bundle.manifest import Role
 from bundle.scan import build_manifest, read_manifest
-from owner.local_volume import stage_revision
+from testkit.local_volume import stage_revision
 
 from hf_checkpoints import PROMPT, transformers_greedy
 from test_owner_cli import REPO, RESIDENT, ports_from_logs, start, stop

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from bundle.demo import make_revision
+from bundle.cpu_model import make_revision
 from localcluster.install import install
 from localcluster.node import LocalCluster
 from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body

@@ -5,10 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from bundle.demo import (
-    DemoError, WEIGHTS_NAME, choose_config, is_admissible, make_demo, make_revision, read_layout,
-    tensor_shapes, to_bf16,
-)
+from bundle.cpu_model import choose_config, make_demo, make_revision, tensor_shapes
+from bundle.model_revisions import WEIGHTS_NAME, DemoError, is_admissible, read_layout, to_bf16
 from bundle.manifest import Role
 from bundle.scan import build_manifest, read_manifest
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bundle.demo import DemoError
+from bundle.model_revisions import DemoError
 from bundle.hf_demo import VOCAB, choose_hf_config, corpus, is_hf_checkpoint
 
 

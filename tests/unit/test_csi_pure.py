@@ -13,7 +13,7 @@ from csi_bridge.fetches import Fetch
 from csi_bridge.identity import NAME_RE, DRIVER_NAME
 from csi_bridge.locks import VolumeLocks
 from csi_bridge.status import CsiError, from_bundle_error
-from csi_bridge.testing import publish_request
+from testkit.bridge import publish_request
 from bundle.errors import IntegrityMismatch, SourceUnavailable, StoreFull
 
 D1 = "sha256:" + "1" * 64

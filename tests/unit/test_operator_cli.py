@@ -45,7 +45,7 @@ def test_resident_cli_dispatches_to_the_operator(capsys):
 
 
 def test_json_log_lines_carry_extra_fields():
-    rec = logging.LogRecord("resident_operator", logging.INFO, __file__, 1, "created %s", ("pod",), None)
+    rec = logging.LogRecord("resident.operator", logging.INFO, __file__, 1, "created %s", ("pod",), None)
     rec.model, rec.reason = "ns/m", "OwnerPodCreated"
     doc = json.loads(JSONLineFormatter().format(rec))
     assert (doc["msg"], doc["model"], doc["reason"], doc["level"]) == ("created pod", "ns/m", "OwnerPodCreated", "info")

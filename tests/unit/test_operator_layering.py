@@ -7,7 +7,7 @@ import resident_operator
 
 PKG = Path(resident_operator.__file__).parent
 PURE = ("spec", "settings", "naming", "placement", "pod_template", "pod_verdicts", "delivery", "conditions",
-        "transition", "transition_summary", "planning", "observe", "children")
+        "transition", "transition_summary", "planning", "observe", "children", "source_probes")
 SIDE_EFFECTS = {"kubernetes", "kopf", "requests", "resident_operator.kube",
                 "resident_operator.owner_client", "resident_operator.handlers"}
 

@@ -31,3 +31,60 @@ def test_wait_doubles_with_the_age_of_the_failure_and_is_capped():
 def test_a_malformed_time_does_not_break_the_retry():
     assert retry_after([{"type": "Degraded", "status": "True", "reason": "DigestMismatch",
                          "lastTransitionTime": "yesterday"}], T0) == 2.0
+
+
+# -- a pass's read: the shared probe of a source that is down -----------------------------
+import types  # noqa: E402
+
+import pytest  # noqa: E402
+
+from resident_operator import source_check  # noqa: E402
+from resident_operator.context import FollowUp  # noqa: E402
+from resident_operator.source_check import SourceProblem, read_manifest, retry_later  # noqa: E402
+from resident_operator.source_probes import SourceProbes  # noqa: E402
+
+DIGEST = "sha256:" + "a" * 64
+
+
+def pass_context(probes):
+    return types.SimpleNamespace(sources=probes, follow_up=FollowUp(), body={"status": {}}, clock=lambda: T0)
+
+
+def failing_read(outage: bool, calls: list):
+    def read(source, digest):
+        calls.append(source)
+        raise SourceProblem("SourceUnavailable", f"{source}: down or missing", outage=outage)
+    return read
+
+
+def test_a_read_that_finds_the_server_down_waits_on_its_probe(monkeypatch):
+    calls = []
+    monkeypatch.setattr(source_check, "_read_manifest", failing_read(True, calls))
+    ctx = pass_context(SourceProbes())
+    with pytest.raises(SourceProblem):
+        read_manifest(ctx, "http://h:1/m/a", DIGEST)
+    assert ctx.follow_up.source_waits == [("http://h:1/m/a", "http://h:1/m/a: down or missing")]
+    retry_later(ctx)
+    assert ctx.follow_up.due is None          # the probe wakes it, no timer
+
+
+def test_while_the_probe_is_open_no_model_reads_the_source(monkeypatch):
+    calls, probes = [], SourceProbes()
+    monkeypatch.setattr(source_check, "_read_manifest", failing_read(True, calls))
+    probes.wait("http://h:1/m/a", "first model", "HTTP 503", now=0.0)
+    ctx = pass_context(probes)
+    with pytest.raises(SourceProblem) as e:
+        read_manifest(ctx, "http://h:1/m/b", DIGEST)
+    assert calls == [] and "waiting on its probe" in str(e.value) and "HTTP 503" in str(e.value)
+    assert ctx.follow_up.source_waits == [("http://h:1/m/b", "HTTP 503")]
+
+
+@pytest.mark.parametrize("source,outage", [("http://h:1/m/a", False), ("file:///missing", False),
+                                           ("file:///odd", True)])
+def test_an_answer_or_a_source_without_a_server_keeps_the_models_own_backoff(monkeypatch, source, outage):
+    monkeypatch.setattr(source_check, "_read_manifest", failing_read(outage, []))
+    ctx = pass_context(SourceProbes())
+    with pytest.raises(SourceProblem):
+        read_manifest(ctx, source, DIGEST)
+    retry_later(ctx)
+    assert ctx.follow_up.source_waits == [] and ctx.follow_up.due == 2.0

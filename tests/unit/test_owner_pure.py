@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from bundle.demo import choose_config, default_graph, to_bf16
+from bundle.cpu_model import choose_config, default_graph
+from bundle.model_revisions import to_bf16
 from bundle.manifest import FileEntry, Role, build_entries
 from owner import api
 from owner.backends import BackendError, BackendUnavailable, create_backend

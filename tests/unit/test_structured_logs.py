@@ -29,7 +29,7 @@ RECORDS = {
         "error": "not found (HTTP 404)", "bytes": 0, "bytes_total": 5, "duration_seconds": 0.1}),
     "owner": ("resident.owner", "transition finished", {"transition": "t1", "result": "succeeded",
                                                         "seconds": 1.5, "path": Path("/v")}),
-    "operator": ("resident_operator", "owner pod created", {"model": "ns/m", "reason": "OwnerPodCreated"}),
+    "operator": ("resident.operator", "owner pod created", {"model": "ns/m", "reason": "OwnerPodCreated"}),
 }
 
 
@@ -87,3 +87,47 @@ def test_no_component_carries_its_own_formatter():
                         "Formatter" in ast.unparse(b) for b in node.bases):
                     formatters.append(f"{path.relative_to(REPO)}:{node.name}")
     assert formatters == ["bundle/jsonlog.py:JSONLineFormatter"]
+
+
+ENTRY_POINT_PACKAGES = (*COMPONENTS, "localcluster")
+ROOT_LOGGER_SETUP = ("basicConfig", "captureWarnings", "addHandler", "fileConfig", "dictConfig")
+
+
+def python_files():
+    yield REPO / "resident_cli.py"
+    for package in ENTRY_POINT_PACKAGES:
+        yield from (REPO / package).rglob("*.py")
+
+
+def test_logging_is_set_up_in_one_place():
+    """Every entry point calls bundle.jsonlog.configure; nothing else configures logging."""
+    elsewhere = []
+    for path in python_files():
+        if path == REPO / "bundle" / "jsonlog.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and (node.attr in ROOT_LOGGER_SETUP or (
+                    node.attr == "handlers" and isinstance(node.ctx, ast.Store))):
+                elsewhere.append(f"{path.relative_to(REPO)}:{node.lineno} {node.attr}")
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) \
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "handlers":
+                elsewhere.append(f"{path.relative_to(REPO)}:{node.lineno} handlers[...] =")
+    assert elsewhere == []
+
+
+def test_every_component_logs_under_resident_dot():
+    """Logger names are resident.<component>[.<part>]: resident.operator, not resident_operator."""
+    names = {}
+    for component in COMPONENTS:
+        for path in (REPO / component).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr == "getLogger" and node.args:
+                    arg = node.args[0]
+                    names[f"{path.relative_to(REPO)}:{node.lineno}"] = \
+                        arg.value if isinstance(arg, ast.Constant) else ast.unparse(arg)
+    wanted = {"bundle": "resident.bundle", "csi_bridge": "resident.bridge", "owner": "resident.owner",
+              "operator": "resident.operator"}
+    bad = {where: name for where, name in names.items()
+           if not (name == wanted[where.split("/")[0]] or name.startswith(wanted[where.split("/")[0]] + "."))}
+    assert names and bad == {}

@@ -1,10 +1,13 @@
 """A bundle volume laid out on a local disk, the way the bridge publishes one.
 
-For running an owner without the bridge (a demo, a benchmark, a component test): copy
+For running an owner without the bridge (a benchmark, a component or cluster test): copy
 (or hardlink) a bundle directory that holds its manifest into
 ``<volume>/revisions/sha256-<hex>/`` and, if asked, point ``current`` at it with a
 relative symlink swapped in atomically. The manifest is re-read and the files are
 checked against it, so a volume built this way passes the owner's own checks.
+
+Part of the test seam (:mod:`testkit`), not of the owner: an owner in a Pod only reads the
+volume the bridge published, and nothing the image runs lays one out itself.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Test harness for the bridge: real bundles on disk, a real bridge, a real CSI client.
 
-Used by the component and cluster tests (and usable by hand):
+Used by the component and cluster tests and the benchmarks (and usable by hand); part of
+the test seam (:mod:`testkit`), so not in the image:
 - :func:`make_bundle` writes a small bundle directory with a manifest (file:// source);
 - :class:`BridgeProcess` runs ``python -m csi_bridge`` as a child process, so tests can
-  kill it and start it again, and always stops it;
+  kill it and start it again, and always stops it; ``start(crash_at=POINT)`` runs it
+  through :mod:`testkit.crash_points` instead, which ends it at that step;
 - :class:`CsiClient` speaks gRPC to the bridge's unix socket;
 - :func:`cleanup_mounts` unmounts everything under a test directory, deepest first.
 Nothing here is a fake: every call crosses a real socket and every mount is real.
@@ -21,8 +23,9 @@ from pathlib import Path
 import grpc
 
 from bundle.scan import build_manifest, write_manifest
-from . import mountinfo, mounts
-from .proto import csi_pb2, csi_pb2_grpc
+from testkit import crash_points
+from csi_bridge import mountinfo, mounts
+from csi_bridge.proto import csi_pb2, csi_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Mode = csi_pb2.VolumeCapability.AccessMode.Mode
@@ -93,9 +96,16 @@ class BridgeProcess:
         self.proc: subprocess.Popen | None = None
         self.log = self.root / "bridge.log"
 
-    def start(self, env: dict | None = None, timeout: float = 30.0) -> "BridgeProcess":
+    def start(self, env: dict | None = None, timeout: float = 30.0,
+              crash_at: str | None = None) -> "BridgeProcess":
+        """Start the bridge and wait until it serves; with ``crash_at``, armed to exit at
+        that crash point (:mod:`testkit.crash_points`), which a test sees in :meth:`wait_exit`."""
         self.root.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(self.args, env={**self.env, **(env or {})},
+        args, env = self.args, {**self.env, **(env or {})}
+        if crash_at is not None:
+            args = [args[0], "-m", "testkit.crash_points", *args[3:]]
+            env[crash_points.CRASH_ENV] = crash_at
+        self.proc = subprocess.Popen(args, env=env,
                                      stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"),
                                      cwd=str(REPO_ROOT))
         deadline = time.monotonic() + timeout

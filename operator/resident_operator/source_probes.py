@@ -1,0 +1,158 @@
+"""One probe per source: models whose source is down wait on one health probe of it.
+
+**The same source** is the server a network source's bytes come from: its transport
+scheme, host and port (:func:`source_key`). ``http://h/a`` and ``http://h:80/b`` are one
+source, and so are ``oci+http://h:5000/repo`` and ``http://h:5000/layout`` (one server,
+spoken to the same way); ``https://h`` and ``http://h`` are two. ``oci://`` is https, its
+``oci+http://`` form http; default ports are 80 and 443; hosts compare case-insensitively.
+A ``file://`` source has no server and no key: a directory that is missing is the model's
+own problem, and such a model keeps retrying on its own backoff
+(:func:`~.source_check.retry_after`).
+
+**Down** means a manifest read failed because the server did not answer usefully: no
+connection, a timeout, or 5xx/429 after the source's own retries
+(:func:`bundle.sources.is_outage`). A 404 is an answer: the server is up and does not
+hold that digest, which is the model's own problem too.
+
+**The probe** (``driver.probe_source``) is ``GET <scheme>://<host>:<port>/``; any HTTP
+answer below 500 other than 429 means the source answers. The first model whose read
+finds the source down opens the probe; every model whose pass needs that source while
+the probe is open does not read the source at all: it reports ``SourceUnavailable`` and
+joins the probe's waiters. Probes are made 2 s, 4 s, 8 s... after the failure, at most
+60 s apart, whatever the number of waiters. When a probe answers, the probe closes and
+every waiter is woken; each reads its manifest again. A source that fails again within
+:data:`RELAPSE_SECONDS` of answering resumes the backoff where it was instead of at 2 s,
+so a server that answers probes but fails reads does not make every model read it every
+2 s. A waiter that is deleted leaves; a probe with no waiter left stops.
+
+This module is the registry alone, pure and thread-safe: passes (threads) ask whether a
+source is down, the driver (the event loop) opens probes, records their results and wakes
+the waiters. It makes no request itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+from urllib.parse import urlsplit
+
+FIRST_PROBE_SECONDS = 2.0
+MAX_PROBE_SECONDS = 60.0
+RELAPSE_SECONDS = 60.0
+TRANSPORTS = {"http": "http", "https": "https", "oci": "https", "oci+https": "https", "oci+http": "http"}
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def source_key(uri: str) -> str | None:
+    """``scheme://host:port`` of the server behind a network source; None for file:// (or
+    anything that names no server)."""
+    try:
+        parts = urlsplit(uri)
+        transport = TRANSPORTS.get(parts.scheme.lower())
+        host, port = parts.hostname, parts.port
+    except (AttributeError, ValueError):
+        return None
+    if transport is None or not host:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return f"{transport}://{host}:{port or DEFAULT_PORTS[transport]}"
+
+
+def probe_url(key: str) -> str:
+    """What the probe of a source GETs: the server's root."""
+    return key + "/"
+
+
+@dataclass
+class Probe:
+    """One source found down, the models waiting on it and when to probe it next."""
+
+    key: str
+    error: str                      # the last failure: the first read's, then the probe's
+    due: float                      # clock time of the next probe
+    failures: int = 0               # probes that found it down (and reads, after a relapse)
+    waiters: set[Hashable] = field(default_factory=set)
+    task: Any = None                # the driver's task that probes it (opaque here)
+
+    @property
+    def url(self) -> str:
+        return probe_url(self.key)
+
+
+def backoff(failures: int) -> float:
+    """Seconds from a failure to the next probe: 2, 4, 8, ... capped at 60."""
+    return min(MAX_PROBE_SECONDS, FIRST_PROBE_SECONDS * 2 ** max(0, failures))
+
+
+class SourceProbes:
+    """The open probes by source key (operator-wide, one instance)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, Probe] = {}
+        self._answered: dict[str, tuple[float, int]] = {}   # key -> (when, failures then)
+
+    def down(self, source: str) -> str | None:
+        """The last error of ``source``'s open probe, or None if no probe is open (it is
+        not known to be down, or it has no server)."""
+        key = source_key(source)
+        with self._lock:
+            probe = self._open.get(key) if key else None
+            return probe.error if probe else None
+
+    def wait(self, source: str, waiter: Hashable, error: str, now: float) -> Probe | None:
+        """``waiter`` waits until ``source`` answers. Returns the probe if this opened it
+        (the caller starts probing it), None if it was open already or ``source`` has no
+        server."""
+        key = source_key(source)
+        if key is None:
+            return None
+        with self._lock:
+            probe = self._open.get(key)
+            if probe is not None:
+                probe.waiters.add(waiter)
+                return None
+            when, failures = self._answered.pop(key, (None, 0))
+            failures = failures + 1 if when is not None and now - when < RELAPSE_SECONDS else 0
+            probe = Probe(key, error, now + backoff(failures), failures, {waiter})
+            self._open[key] = probe
+            return probe
+
+    def next_probe(self, key: str) -> float | None:
+        """When ``key`` is to be probed next; None once its probe has closed."""
+        with self._lock:
+            probe = self._open.get(key)
+            return probe.due if probe else None
+
+    def failed(self, key: str, error: str, now: float) -> None:
+        """A probe found the source down again: back off."""
+        with self._lock:
+            probe = self._open.get(key)
+            if probe is not None:
+                probe.failures += 1
+                probe.error, probe.due = error, now + backoff(probe.failures)
+
+    def answered(self, key: str, now: float) -> set[Hashable]:
+        """A probe found the source answering: close it; return every waiter, to wake."""
+        with self._lock:
+            probe = self._open.pop(key, None)
+            if probe is None:
+                return set()
+            self._answered[key] = (now, probe.failures)
+            return set(probe.waiters)
+
+    def leave(self, waiter: Hashable) -> list[Probe]:
+        """``waiter`` (a deleted model) waits no more; return the probes left without
+        waiters, which are closed (the caller stops their tasks)."""
+        with self._lock:
+            empty = []
+            for key, probe in list(self._open.items()):
+                probe.waiters.discard(waiter)
+                if not probe.waiters:
+                    empty.append(self._open.pop(key))
+            return empty
+
+    def open_probes(self) -> list[Probe]:
+        with self._lock:
+            return list(self._open.values())
