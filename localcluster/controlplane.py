@@ -219,10 +219,11 @@ class ControlPlane:
 
         return config.new_client_from_config(config_file=self.kubeconfig)
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float | None = None) -> subprocess.CompletedProcess:
         done = subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}",
                                f"--cache-dir={self.state_dir / 'kubectl-cache'}", *args],
-                              text=True, capture_output=True, input=input)
+                              text=True, capture_output=True, input=input, timeout=timeout)
         if check and done.returncode:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done

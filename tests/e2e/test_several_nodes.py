@@ -133,31 +133,51 @@ def test_pods_reach_each_other_across_nodes_and_the_service_answers_from_every_n
 
 def test_a_transition_rolls_over_the_nodes_while_four_clients_get_answers(trio):
     story = trio.story
-    before = {p.metadata.name for p in trio.owners()}
+    discovery = client.DiscoveryV1Api(trio.cluster.api_client())
+    ready_endpoints: list[int] = []
+
+    def sample() -> None:    # the Service's ready endpoints, as kube-proxy sees them
+        slices = discovery.list_namespaced_endpoint_slice(
+            NAMESPACE, label_selector=f"kubernetes.io/service-name={story.name}").items
+        ready_endpoints.append(sum(1 for s in slices for e in s.endpoints or [] if e.conditions.ready))
+
     with ClosedLoop(story.service_address(), story.name, clients=4) as loop:
         time.sleep(1)
         t0 = time.monotonic()
-        story.transition(whole_bundle_reload(trio.server.url, trio.revs.b))
-        wait_for(lambda: len(trio.ready_nodes()) == 3, timeout=120, what="three ready owners")
+        story.patch_spec(whole_bundle_reload(trio.server.url, trio.revs.b))
+        rm = story.wait("Ready on B", lambda rm: (sample(), rm.get("status", {}).get("phase") == "Ready"
+                        and rm["status"].get("identity", {}).get("bundle") == trio.revs.b
+                        and rm["status"].get("observedGeneration") == rm["metadata"]["generation"])[1],
+                        timeout=300)
         t1 = time.monotonic()
         time.sleep(1)
     answers = loop.between(t0, t1)
     failed = [a for a in answers if not a.ok]
     assert answers and not failed, failed[:5]
     assert {a.revision for a in answers} >= {trio.revs.b}
-    after = trio.owners()
-    assert not before & {p.metadata.name for p in after}, "a reload replaces every owner"
-    assert sorted(p.spec.node_name for p in after) == NODES
+    # every node's owner switched, through its own bridge; never more than maxUnavailable (1) out
+    last = rm["status"]["lastTransition"]
+    assert last["to"] == trio.revs.b and last["strategy"] == "Reload"
+    assert [(n["node"], n["owners"]) for n in last["nodes"]] == [(n, 1) for n in NODES]
+    assert all(n["fetched"] + n["reused"] > 0 for n in last["nodes"]), last["nodes"]
+    assert min(ready_endpoints) >= 2, ready_endpoints
+    assert sorted(p.spec.node_name for p in trio.owners()) == NODES
 
 
 def test_a_cordoned_node_gets_no_new_owner(trio):
+    """A change of the owners' Pod template (here the port) replaces every owner; with
+    node-2 cordoned, none of the new ones lands there."""
     cluster, story = trio.cluster, trio.story
+    before = {p.metadata.uid for p in trio.owners()}
     cluster.kubectl("cordon", "node-2")
     try:
-        story.transition(whole_bundle_reload(trio.server.url, trio.revs.c))
-        wait_for(lambda: len(trio.ready_nodes()) == 3, timeout=120, what="three ready owners")
-        nodes = trio.ready_nodes()
-        assert "node-2" not in nodes and sorted(set(nodes)) == ["node-0", "node-1"], nodes
+        story.patch_spec({"runtime": {"backend": "cpu", "port": 8081}})
+
+        def rolled():
+            owners = [p for p in trio.owners() if _ready(p)]
+            return owners if len(owners) == 3 and not before & {p.metadata.uid for p in owners} else None
+        owners = wait_for(rolled, timeout=240, what="three new ready owners", every=1)
+        assert "node-2" not in {p.spec.node_name for p in owners}, [p.spec.node_name for p in owners]
     finally:
         cluster.kubectl("uncordon", "node-2")
 
