@@ -4,6 +4,7 @@ and the deliveries of replaced owners."""
 import pytest
 
 from resident_operator.delivery import deliveries_of_gone_owners
+from resident_operator.disruption import RESYNC_ANNOTATION, resync_due, sync_failure
 from resident_operator.observe import derive_status, owner_view
 from resident_operator.placement import build_owner_pod
 from resident_operator.pod_template import template_hash
@@ -190,3 +191,21 @@ def test_a_transition_leaves_the_replacement_of_its_done_owners_to_placement():
                                 OwnerProgress(slot=1, pod="p1", podUID="u1", step=Step.applying),
                                 OwnerProgress(slot=2, pod="p2", podUID="u2")])
     assert slots_in_hand(t) == {1, 2}
+
+
+# -- the disruption budget ------------------------------------------------------------------
+def failed_budget(annotations=None):
+    return {"metadata": {"name": "m", "annotations": annotations or {}},
+            "status": {"disruptionsAllowed": 0, "conditions": [{
+                "type": "DisruptionAllowed", "status": "False", "reason": "SyncFailed",
+                "message": 'no matches for kind "ResidentModel" in version "resident.dev/v1alpha1"'}]}}
+
+
+def test_a_budget_the_disruption_controller_could_not_compute_is_touched_every_ten_seconds():
+    assert "no matches for kind" in sync_failure(failed_budget())
+    fine = {"status": {"conditions": [{"type": "DisruptionAllowed", "status": "True", "reason": "SufficientPods"}]}}
+    assert sync_failure(fine) == "" and sync_failure({}) == ""
+    assert resync_due(failed_budget(), now=1000.0)
+    assert not resync_due(failed_budget({RESYNC_ANNOTATION: "995"}), now=1000.0)
+    assert resync_due(failed_budget({RESYNC_ANNOTATION: "990"}), now=1000.0)
+    assert resync_due(failed_budget({RESYNC_ANNOTATION: "garbage"}), now=1000.0)
