@@ -14,7 +14,8 @@ Nodes (:class:`localcluster.node.LocalCluster`) need more of it, set by
 authorizes with ``Node,RBAC``, gives each kubelet a static token as
 ``system:node:<name>`` in ``system:nodes`` and kube-proxy one as ``system:kube-proxy``,
 reaches kubelets by their InternalIP with a client certificate they trust, and verifies
-their serving certificates; the controller-manager hands each Node a Pod range.
+their serving certificates; the controller-manager hands each Node a Pod range and marks
+a Node unreachable after :data:`NODE_MONITOR_GRACE_SECONDS` without a heartbeat.
 
 The API server is the real one: schema and CEL validation, the status subresource,
 watches, RBAC and admission (Pod Security included) are what a cluster would do.
@@ -46,6 +47,11 @@ CRD_DIR = REPO / "crds"
 SERVICE_RANGE = "10.96.0.0/16"     # a Service per model: room for thousands
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 POD_RANGE = "10.244.0.0/16"        # a /24 per node, handed out by the controller-manager
+# A node that stops renewing its Lease is marked unreachable after this long (Kubernetes'
+# default is 50 s). kubelet renews every 10 s, so 20 s is two missed renewals; it keeps the
+# time from a node's loss to its owners' replacements under 60 s (docs/operator.md,
+# "When a node is lost": grace + node-monitor period + owner toleration + start).
+NODE_MONITOR_GRACE_SECONDS = 20
 
 
 class ControlPlane:
@@ -114,6 +120,7 @@ class ControlPlane:
         self._wait_ready(timeout)
         common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--secure-port=0"]
         nodes = ["--allocate-node-cidrs=true", f"--cluster-cidr={POD_RANGE}", "--node-cidr-mask-size=24",
+                 f"--node-monitor-grace-period={NODE_MONITOR_GRACE_SECONDS}s",
                  ] if self.node_names else []
         self.processes.start("kube-controller-manager", [
             str(bins / "kube-controller-manager"), *common, *nodes,

@@ -36,6 +36,14 @@ Installation settings come from the environment:
   RESIDENT_OWNER_HOST                reach owners at this host instead of the Pod IP
   RESIDENT_OWNER_HOST_NETWORK        true: owner Pods use hostNetwork (local clusters)
   RESIDENT_OWNER_TIMEOUT_SECONDS     timeout of each call to an owner (default 5)
+  RESIDENT_NODE_LOSS_TOLERATION_SECONDS
+                                     owners tolerate their node's unreachable and
+                                     not-ready NoExecute taints this long (default 10)
+  RESIDENT_OWNER_SPREAD_TOPOLOGY_KEY default spread of a model's owners when it sets
+                                     none (default kubernetes.io/hostname; empty: none)
+  RESIDENT_OWNER_SPREAD_MAX_SKEW     its maxSkew (default 1)
+  RESIDENT_OWNER_SPREAD_WHEN_UNSATISFIABLE
+                                     ScheduleAnyway (default) or DoNotSchedule
   RESIDENT_RESYNC_SECONDS            safety resync of a settled model (default 300)
   RESIDENT_SWEEP_SECONDS             cluster-wide sweep of labelled orphans (default 60)
   RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)

@@ -12,6 +12,12 @@ or down) is no longer waited for. A BundleDelivery loses the bridge's finalizer 
 BundleDeliveries of this model, only that finalizer); an owner Pod is left to kubelet or
 the pod garbage collector. Each gets a Warning Event naming what may remain on which node.
 
+``release_deliveries_of_gone_owners`` deletes, by UID, the BundleDeliveries of owner Pods
+that are gone or terminating: an owner replaced outside a transition (lost with its node,
+evicted by a drain, deleted by hand) leaves its incarnation's delivery behind, and its
+lease would pin the revision in that node's store. The bridge there releases it (now, or
+when its node comes back) and removes its finalizer; the record goes with the object.
+
 ``sweep_orphans`` deletes objects labelled for the model whose UID is not recorded, and
 ``prune_records`` forgets records of objects that went away on their own.
 """
@@ -24,6 +30,7 @@ from . import children as ch
 from . import naming
 from .conditions import seconds_since
 from .context import ModelContext
+from .delivery import deliveries_of_gone_owners
 from .model_state import ModelState
 
 SWEPT_KINDS = ("BundleDelivery", "Pod", "Service", "PodDisruptionBudget", "NetworkPolicy", "Secret")
@@ -88,6 +95,26 @@ def _release_delivery(ctx: ModelContext, obj: dict[str, Any], grace_seconds: flo
               f"{naming.BRIDGE_FINALIZER}. Node {node} may still hold revision {digest} staged "
               f"in its store, with a lease, until the bridge there runs again", warning=True)
     return True
+
+
+def release_deliveries_of_gone_owners(ctx: ModelContext, state: ModelState,
+                                      pods: list[dict[str, Any]]) -> list[str]:
+    """Delete recorded BundleDeliveries whose owner Pod is not among the live ``pods``
+    (the model's owner Pods as this pass found them); return their names."""
+    if not ch.of_kind(state.children, "BundleDelivery"):
+        return []
+    live = {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+    ours = [bd for bd in ctx.kube.list(ctx.namespace, "BundleDelivery", ctx.selector)
+            if ch.is_recorded(state.children, bd)]
+    released = []
+    for bd in deliveries_of_gone_owners(ours, live):
+        meta, spec = bd["metadata"], bd.get("spec") or {}
+        if ctx.kube.delete(ctx.namespace, "BundleDelivery", meta["name"], meta["uid"]) == "deleted":
+            released.append(meta["name"])
+            ctx.event("OwnerDeliveryReleased", f"deleted BundleDelivery {meta['name']}: its owner Pod "
+                      f"{spec.get('podName')} is gone or terminating; the bridge on node "
+                      f"{spec.get('nodeName') or '(none)'} releases its lease (when it runs again)")
+    return released
 
 
 def _seconds_deleting(obj: dict[str, Any], now: float) -> float:

@@ -44,6 +44,15 @@ def build_bundle_delivery(model: str, model_uid: str, spec: ModelSpec, *, slot: 
     }
 
 
+def deliveries_of_gone_owners(deliveries: list[dict[str, Any]], live_pod_uids: set[str]
+                              ) -> list[dict[str, Any]]:
+    """Deliveries, not yet being deleted, into the volume of a Pod that is no live owner
+    any more: the owner was replaced (lost with its node, evicted, deleted) and its
+    deliveries' leases must go, or the revision stays pinned on that node when it returns."""
+    return [bd for bd in deliveries if not bd["metadata"].get("deletionTimestamp")
+            and (bd.get("spec") or {}).get("podUID") not in live_pod_uids]
+
+
 @dataclass(frozen=True)
 class DeliveryObservation:
     """What the operator reads back from a BundleDelivery's status."""

@@ -14,6 +14,12 @@ shown as Loading. An owner Pod whose bundle volume cannot be mounted (the bridge
 answer in kubelet's newest FailedMount Event) makes ``Delivered=False`` reason
 ``MountFailed`` and ``Degraded`` reason ``DeliveryFailed``, both with the bridge's
 message; while the bridge still fetches, ``WaitingForDelivery`` carries its progress.
+
+An owner lost with its node (its Pod deleted by the taint-eviction controller, and left
+Terminating because no kubelet confirms it) keeps its entry in ``owners[]``, with its
+node and reason ``NodeLost``, for as long as its Pod exists. Until its slot's replacement
+is Ready the model is ``Degraded`` reason ``NodeLost``, naming the owner, its node and
+the replacement.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from typing import Any
 
 from . import conditions as c
 from . import naming
-from .pod_verdicts import MOUNT_IN_PROGRESS, UNSCHEDULABLE, container_exit, unschedulable_message
+from .pod_verdicts import (MOUNT_IN_PROGRESS, UNSCHEDULABLE, container_exit, evicted_by_taint,
+                           unschedulable_message)
 from .transition import BROKEN_STATES, TransitionState
 
 
 MOUNT_FAILED, WAITING_FOR_DELIVERY = "MountFailed", "WaitingForDelivery"
+NODE_LOST = "NodeLost"
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class OwnerView:
     exit_message: str = ""
     mount_code: str = ""             # the bridge's gRPC code in kubelet's newest FailedMount
     mount_message: str = ""
+    node_lost: bool = False          # evicted by the taint manager: its node stopped reporting
 
     @property
     def running(self) -> bool:
@@ -82,7 +91,9 @@ class OwnerView:
             out["inPlace"] = self.in_place
         if self.error:
             out["error"] = self.error
-        if self.unschedulable:
+        if self.node_lost:
+            out["reason"], out["message"] = NODE_LOST, self.lost_message()
+        elif self.unschedulable:
             out["reason"], out["message"] = UNSCHEDULABLE, self.unschedulable
         elif self.exit_reason:
             out["reason"], out["message"] = self.exit_reason, self.exit_message
@@ -90,6 +101,11 @@ class OwnerView:
             out["reason"] = MOUNT_FAILED if self.mount_failed else WAITING_FOR_DELIVERY
             out["message"] = self.mount_message
         return out
+
+    def lost_message(self) -> str:
+        return (f"owner {self.pod} was lost with node {self.node or '(none)'}: the node stopped "
+                f"reporting and the taint manager evicted the owner; its Pod stays Terminating "
+                f"until the node comes back")
 
 
 def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
@@ -116,7 +132,7 @@ def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
         identity={k: v for k, v in ident.items() if k in ("bundle", "graph", "weights") and v},
         in_place=caps.get("inPlace") if "inPlace" in caps else None,
         error=error, unschedulable=unschedulable_message(pod),
-        exit_reason=exit_reason, exit_message=exit_message)
+        exit_reason=exit_reason, exit_message=exit_message, node_lost=evicted_by_taint(pod))
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,7 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
     unplaced = sorted((o for o in live if o.unschedulable), key=lambda o: o.slot)
     unmounted = sorted((o for o in live if o.mount_failed), key=lambda o: o.slot)
     fetching = sorted((o for o in live if o.mount_code and not o.mount_failed), key=lambda o: o.slot)
+    lost = [(o, successor) for o, successor in unreplaced_losses(owners) if o.slot < replicas]
     conds = []
     if problems:
         degraded = c.condition(c.DEGRADED, True, "InvalidSpec", "; ".join(problems))
@@ -152,6 +169,13 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         o = broken[0]
         degraded = c.condition(c.DEGRADED, True, "Owner" + o.state.capitalize(),
                                f"owner {o.pod} is {o.state}")
+    elif lost:
+        o, successor = lost[0]
+        after = (f"its replacement {successor.pod} is not ready yet" if successor
+                 else "no replacement is placed yet")
+        degraded = c.condition(c.DEGRADED, True, NODE_LOST,
+                               f"{_owners(len(lost))} lost with {'its' if len(lost) == 1 else 'their'} "
+                               f"node; owner {o.pod} on node {o.node}: {after}")
     elif exited:
         o = exited[0]
         degraded = c.condition(c.DEGRADED, True, o.exit_reason,
@@ -233,6 +257,18 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         "owners": [o.to_status() for o in sorted(owners, key=lambda o: (o.slot, o.incarnation))],
         "conditions": conds,
     }
+
+
+def unreplaced_losses(owners: list[OwnerView]) -> list[tuple[OwnerView, OwnerView | None]]:
+    """Owners lost with their node whose slot has no ready owner yet, each with the slot's
+    live successor (None before one is placed); the newest loss of a slot only."""
+    live = {o.slot: o for o in owners if not o.terminating}
+    newest: dict[int, OwnerView] = {}
+    for o in owners:
+        if o.node_lost and (o.slot not in newest or o.incarnation > newest[o.slot].incarnation):
+            newest[o.slot] = o
+    return [(o, live.get(slot)) for slot, o in sorted(newest.items())
+            if not (live.get(slot) and live[slot].ready)]
 
 
 def _owners(n: int) -> str:

@@ -108,6 +108,10 @@ def ensure_owner_pods(ctx: ModelContext, state: ModelState, spec: ModelSpec,
                       managed_slots: set[int], revision: tuple[str, str]) -> list[dict[str, Any]]:
     """One live owner Pod per slot below replicas (except ``managed_slots``); none above.
 
+    A slot whose Pod is terminating (evicted by a drain, lost with its node, deleted) gets
+    its next incarnation at once: the old Pod may stay Terminating for as long as its node
+    is away, and a Pod bound to a lost node holds no card anyone can use.
+
     New Pods start on ``revision`` (digest, source): the committed one, or the target of
     the transition in flight, so a scale-up during a transition does not land behind it.
     """

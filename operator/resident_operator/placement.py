@@ -7,6 +7,25 @@ per docs/contracts.md) at ``/bundle``, and the model's token Secret at
 ``/var/run/resident``. kubelet only marks it Ready when the owner's ``/readyz`` answers, so
 Pod readiness means "the model is resident and serving".
 
+Where an owner may run is the scheduler's decision, never the operator's: no builder sets
+``nodeName`` or a node affinity of its own, so a cordoned node (its ``unschedulable``
+taint) never gets a new owner. Two placement rules are the installation's (settings):
+
+- **Spread**: a model that sets no ``topologySpreadConstraints`` gets the default one,
+  ``kubernetes.io/hostname`` with maxSkew 1, so its owners land one per node.
+  ``ScheduleAnyway`` by default: a preference the scheduler scores, not a filter. With
+  ``DoNotSchedule`` an owner stays Pending whenever the only free card is on a node that
+  already holds one of the model's owners while another node in the domain count (a node
+  without cards, or one of a pool the model's nodeSelector still admits) has none, e.g. a
+  4th replica on 3 card nodes in a cluster with CPU nodes. A card left idle for the sake
+  of spread is the one thing a resident model must not do; a model that wants a hard
+  spread says so in its own ``topologySpreadConstraints``.
+- **Node loss**: owners tolerate the NoExecute taints ``node.kubernetes.io/unreachable``
+  and ``not-ready`` for ``node_loss_toleration_seconds`` only (default 10 s, instead of
+  the 300 s admission gives every Pod), so the taint manager evicts an owner of a lost
+  node soon and the operator places its replacement (docs/operator.md). A model that
+  tolerates either taint itself keeps its own toleration.
+
 The builders return plain dicts and never talk to the API server; the handlers adopt
 (owner references) and create them.
 """
@@ -22,6 +41,9 @@ from .settings import OperatorSettings
 from .spec import ModelSpec
 
 DIGEST_ANNOTATION = "resident.dev/bundle-digest"
+# the node lifecycle controller's NoExecute taints of a node that stopped reporting
+# (Ready=Unknown) or reports not ready (Ready=False)
+NODE_LOSS_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
 # Secret files belong to root; the owner image runs as a non-root user (10001) and the Pod
 # sets no fsGroup (vendor images differ), so the token must be world-readable inside the
 # one-container Pod.
@@ -139,14 +161,14 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
             "items": [{"key": naming.API_KEY_KEY, "path": naming.API_KEY_KEY}]}})
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True)
-                                   for t in spec.tolerations]
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    tolerations += node_loss_tolerations(tolerations, settings.node_loss_toleration_seconds)
+    pod_spec["tolerations"] = tolerations
     if spec.affinity:
         pod_spec["affinity"] = dict(spec.affinity)
-    if spec.topology_spread_constraints:
-        pod_spec["topologySpreadConstraints"] = [_owner_scoped(tsc, model_uid)
-                                                 for tsc in spec.topology_spread_constraints]
+    spread = spec.topology_spread_constraints or default_spread(settings)
+    if spread:
+        pod_spec["topologySpreadConstraints"] = [_owner_scoped(tsc, model_uid) for tsc in spread]
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
     return {
@@ -156,6 +178,31 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
                                      SOURCE_ANNOTATION: bundle_source}},
         "spec": pod_spec,
     }
+
+
+def node_loss_tolerations(own: list[dict[str, Any]], seconds: int) -> list[dict[str, Any]]:
+    """Tolerations of the node-loss taints for ``seconds``, except of a taint ``own`` (the
+    model's tolerations) already tolerates with effect NoExecute."""
+    return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+            for key in NODE_LOSS_TAINTS if not any(_tolerates_no_execute(t, key) for t in own)]
+
+
+def _tolerates_no_execute(toleration: dict[str, Any], key: str) -> bool:
+    """Does ``toleration`` match the NoExecute taint ``key`` (whatever its value)?"""
+    if toleration.get("effect") not in (None, "", "NoExecute"):
+        return False
+    if not toleration.get("key"):
+        return toleration.get("operator") == "Exists"   # tolerates every taint
+    return toleration["key"] == key
+
+
+def default_spread(settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The installation's spread for a model that sets none (empty when turned off)."""
+    if not settings.owner_spread_topology_key:
+        return []
+    return [{"maxSkew": settings.owner_spread_max_skew,
+             "topologyKey": settings.owner_spread_topology_key,
+             "whenUnsatisfiable": settings.owner_spread_when_unsatisfiable}]
 
 
 def _owner_scoped(constraint: dict[str, Any], model_uid: str) -> dict[str, Any]:

@@ -12,6 +12,19 @@ never placed, or that exited at start, answers nothing. Two things remain on its
   ``OwnerExited`` with the exit code. A container that became ready since has recovered
   and says nothing.
 
+A Pod on a node that is lost (stopped, cut off) keeps saying what it said last, until
+the control plane speaks for it. After ``--node-monitor-grace-period`` (50 s by default)
+without a heartbeat, the node lifecycle controller sets the node's Ready to Unknown, taints
+it ``node.kubernetes.io/unreachable:NoExecute`` and sets the Pod's ``Ready`` condition to
+False (it changes only the status; kubelet's reason stays, and a Warning Event
+``NodeNotReady`` "Node is not ready" goes to the Pod). When the owner's toleration of that
+taint runs out, the taint-eviction controller adds the condition ``DisruptionTarget=True``
+reason ``DeletionByTaintManager`` ("Taint manager: deleting due to NoExecute taint") and
+deletes the Pod. No kubelet confirms the deletion, so the Pod stays Terminating until the
+node comes back (its kubelet then stops the container and removes the Pod) or the Node
+object is deleted (the pod garbage collector removes it). :func:`evicted_by_taint` reads
+that condition: the owner is lost with its node.
+
 A Pod on a node whose bundle volume cannot be mounted says nothing in its own status: it
 stays ``Pending`` (ContainerCreating). What the bridge answered reaches only kubelet's
 ``FailedMount`` Event on the Pod, as ``... rpc error: code = <Code> desc = <message>``.
@@ -28,6 +41,8 @@ from typing import Any
 from . import naming
 
 UNSCHEDULABLE = "Unschedulable"
+DISRUPTION_TARGET = "DisruptionTarget"
+TAINT_EVICTION = "DeletionByTaintManager"   # the taint-eviction controller's reason
 FAILED_MOUNT = "FailedMount"         # kubelet's Event reason
 MOUNT_IN_PROGRESS = "Aborted"        # the bridge's answer while a fetch progresses
 OWNER_EXITED = "OwnerExited"         # the container exited without saying why in our form
@@ -42,6 +57,15 @@ def unschedulable_message(pod: dict[str, Any]) -> str:
                 and cond.get("reason") == UNSCHEDULABLE:
             return cond.get("message") or "the scheduler found no node for the Pod"
     return ""
+
+
+def evicted_by_taint(pod: dict[str, Any]) -> bool:
+    """Was the Pod deleted by the taint-eviction controller (a NoExecute taint it no longer
+    tolerates, such as its node's ``unreachable``)?"""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) and any(
+        cond.get("type") == DISRUPTION_TARGET and cond.get("status") == "True"
+        and cond.get("reason") == TAINT_EVICTION
+        for cond in (pod.get("status") or {}).get("conditions") or [])
 
 
 def container_exit(pod: dict[str, Any]) -> tuple[str, str]:

@@ -23,12 +23,14 @@ from .model_state import ModelState
 from .observe import derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
 from .rollout import step_transition
+from .cleanup import release_deliveries_of_gone_owners
 from .control_policy import ensure_control_policy
 from .disruption import ensure_disruption_budget
 from .serving import ensure_service
 from .source_check import check_first_placement
 from .spec import SpecError, parse_spec, spec_problems
 from .template_roll import roll_pod_template
+from .transition import slots_in_hand
 
 OK, INVALID, GONE, BLOCKED = "ok", "invalid", "gone", "blocked"
 
@@ -65,15 +67,19 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
         return BLOCKED, blocked.message
     ctx.token = ctx.token or ensure_token(ctx, state)   # known from an earlier pass, else read
     t = state.transition
-    managed = {o.slot for o in t.owners} if t else set()
+    managed = slots_in_hand(t) if t else set()
     revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])
     pods = ensure_owner_pods(ctx, state, spec, managed, revision)
-    if ctx.endpoint is None:   # companions not checked since they or the spec last changed
+    endpoint = ctx.endpoint
+    if endpoint is None:   # companions not checked since they or the spec last changed
         endpoint = ensure_service(ctx, state, spec)
-        ensure_disruption_budget(ctx, state, spec)
+        budget_settled = ensure_disruption_budget(ctx, state, spec)
         ensure_control_policy(ctx, state)
-        ctx.endpoint = endpoint or None   # '' (the name is taken): look again next pass
+        # '' (the name is taken) or a budget the disruption controller could not compute:
+        # look again next pass
+        ctx.endpoint = (endpoint or None) if budget_settled else None
     views = observe_owners(ctx, pods, spec)
+    release_deliveries_of_gone_owners(ctx, state, pods)
     if state.transition is None:
         views = replace_broken_owners(ctx, state, spec, views)
         views = roll_pod_template(ctx, state, spec, pods, views)
@@ -82,7 +88,7 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
                             transition=state.transition, last_transition=state.last_transition,
                             blocker=blocker, desired_digest=spec.bundle.digest)
     live = sum(1 for v in views if not v.terminating)
-    report(ctx, dict(derived, endpoint=ctx.endpoint, replicas=live,
+    report(ctx, dict(derived, endpoint=endpoint or None, replicas=live,
                      selector=naming.owner_selector(ctx.uid)))
     return OK, ""
 

@@ -10,7 +10,7 @@ them) into one typed, immutable object that every handler receives.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -40,6 +40,19 @@ class OperatorSettings(BaseModel):
     delete_grace_seconds: float = Field(default=300.0, gt=0, description=(
         "how long a deleted model waits for the bridge to release a BundleDelivery (or for "
         "kubelet to finish an owner Pod) before it stops waiting and says what may remain"))
+    node_loss_toleration_seconds: int = Field(default=10, ge=0, description=(
+        "owner Pods tolerate the NoExecute taints node.kubernetes.io/unreachable and not-ready "
+        "this long, instead of the 300 s the DefaultTolerationSeconds admission plugin gives "
+        "every Pod: an owner on a lost node is evicted (and replaced) that long after the node "
+        "lifecycle controller taints its node (docs/operator.md, \"When a node is lost\")"))
+    owner_spread_topology_key: str = Field(default="kubernetes.io/hostname", description=(
+        "owner Pods of a model that sets no topologySpreadConstraints spread over this node "
+        "label (one owner per node by default); empty: no default spread"))
+    owner_spread_max_skew: int = Field(default=1, ge=1, description="maxSkew of the default spread")
+    owner_spread_when_unsatisfiable: Literal["ScheduleAnyway", "DoNotSchedule"] = Field(
+        default="ScheduleAnyway", description=(
+            "ScheduleAnyway: the spread is a preference, so an owner never stays Pending for it "
+            "while a card is free on a node that already holds one (placement.default_spread)"))
     owner_network_policy: bool = Field(default=False, description=(
         "a NetworkPolicy per model admits its owners' control port only from the operator's "
         "Pods (control_policy.py); the chart turns it on, as the operator run by hand does "

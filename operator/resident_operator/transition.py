@@ -288,6 +288,12 @@ def owners_to_start(t: TransitionState, max_unavailable: int) -> list[int]:
     return [o.slot for o in t.owners if o.step == Step.waiting][:room]
 
 
+def slots_in_hand(t: TransitionState) -> set[int]:
+    """Slots whose owner Pods the transition creates and replaces itself: all but those done.
+    A done owner lost before the transition ends is replaced like any other (on the target)."""
+    return {o.slot for o in t.owners if o.step != Step.done}
+
+
 def outcome(t: TransitionState) -> str:
     """``running`` while any owner is active (or may still start), else succeeded/failed."""
     if any(o.step in ACTIVE_STEPS for o in t.owners):

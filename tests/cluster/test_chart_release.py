@@ -149,6 +149,9 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert env["RESIDENT_OWNER_IMAGE"] == "ghcr.io/resident-dev/resident:0.1.0"   # one project image
         assert env["RESIDENT_OWNER_HOST_NETWORK"] == "false" and not pod_spec.get("hostNetwork")
         assert env["RESIDENT_OWNER_RUN_AS_NON_ROOT"] == "true"
+        assert env["RESIDENT_NODE_LOSS_TOLERATION_SECONDS"] == "10"   # owners leave a lost node after 10 s
+        assert (env["RESIDENT_OWNER_SPREAD_TOPOLOGY_KEY"], env["RESIDENT_OWNER_SPREAD_MAX_SKEW"],
+                env["RESIDENT_OWNER_SPREAD_WHEN_UNSATISFIABLE"]) == ("kubernetes.io/hostname", "1", "ScheduleAnyway")
         assert_restricted(pod_spec, op)
         assert pod_spec["serviceAccountName"] == f"{full}-operator"
         # the controller-manager made the Pod from the template and the API server admitted it
@@ -342,6 +345,8 @@ def test_bridge_liveness_probe_calls_the_csi_probe_in_both_registration_modes(he
     ({"bridge": {"gc": {"highWaterPercent": 150}}}, "highWaterPercent"),
     # the chart's per-namespace policies are gone: the operator makes one per model
     ({"operator": {"owner": {"networkPolicy": {"namespaces": ["team-a"]}}}}, "namespaces"),
+    ({"operator": {"owner": {"nodeLossToleranceSeconds": -1}}}, "nodeLossToleranceSeconds"),
+    ({"operator": {"owner": {"spread": {"whenUnsatisfiable": "Never"}}}}, "whenUnsatisfiable"),
 ])
 def test_bad_values_are_refused_before_anything_is_created(cluster, namespace, helm, values, complaint):
     release = f"bad-{uuid.uuid4().hex[:6]}"

@@ -40,8 +40,8 @@ def test_operator_imports_no_other_component():
         assert not bad, f"{path.name} imports {bad}"
 
 
-def test_modules_stay_small_and_explain_themselves():
+def test_modules_explain_themselves():
+    """Every module says what idea it holds. Its length is not capped: a cap splits ideas
+    by length, not by meaning (shared/STYLE.md)."""
     for path in PKG.glob("*.py"):
-        text = path.read_text()
-        assert len(text.splitlines()) < 300, path.name
-        assert ast.get_docstring(ast.parse(text)), f"{path.name} has no docstring"
+        assert ast.get_docstring(ast.parse(path.read_text())), f"{path.name} has no docstring"

@@ -62,8 +62,8 @@ def test_pod_carries_the_csi_volume_token_probe_and_labels():
     assert c["command"][c["command"].index("--model-name") + 1] == "tiny"
     assert "--api-key-file" not in c["command"] and "api-key" not in vols
     assert pod["spec"]["nodeSelector"] == {"zone": "a"}
-    assert pod["spec"]["tolerations"] == [{"key": "npu", "operator": "Exists", "value": "",
-                                           "effect": "NoSchedule"}]
+    assert pod["spec"]["tolerations"][0] == {"key": "npu", "operator": "Exists", "value": "",
+                                             "effect": "NoSchedule"}
     labels = pod["metadata"]["labels"]
     assert labels[naming.LABEL_MODEL] == "tiny" and labels[naming.LABEL_MODEL_UID] == "model-uid-1"
     assert labels[naming.LABEL_COMPONENT] == "owner" and labels[naming.LABEL_SLOT] == "2"
