@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from bundle.demo import make_demo
+from bundle.cpu_model import make_demo
 from localcluster.processes import free_port
 
 from conftest_operator import Api, PlayedNode, condition, running_operator
