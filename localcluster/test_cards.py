@@ -21,9 +21,10 @@ The conversation with kubelet:
 3. When kubelet starts it removes every socket in ``dir`` and creates ``kubelet.sock``
    anew. The plugin looks every ``poll_seconds``: its socket gone (or not its own any
    more) means serve again and register again; a new ``kubelet.sock`` means register
-   again. A refused registration (bad version or resource name, or kubelet could not dial
-   the endpoint back) is final: kubelet's API says a plugin then stops, and this one
-   raises :class:`RegistrationRefused` (exit code 1 on the command line).
+   again, and so does a registration kubelet failed because it could not dial the plugin
+   back (it had just removed the socket as it started). A refused registration (bad
+   version or resource name) is final: kubelet's API says a plugin then stops, and this
+   one raises :class:`RegistrationRefused` (exit code 1 on the command line).
 4. SIGTERM stops the server and removes the socket, if it is still this plugin's.
 
 The local cluster starts one plugin per node, in the node's mount namespace (the one
@@ -57,6 +58,7 @@ API_VERSION = "v1beta1"
 DEFAULT_RESOURCE = "furiosa.ai/rngd"
 ENV_NAME = "RESIDENT_TEST_CARD"
 HEALTHY = "Healthy"
+DIAL_BACK_FAILED = "failed to dial device plugin"   # kubelet's words when its dial-back fails
 MAX_DEVICE_ID = 63           # kubelet's limit on a device ID
 MAX_SOCKET_PATH = 107        # sun_path, less its terminating NUL
 _DOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -300,7 +302,11 @@ class TestCardPlugin:
             try:
                 call.result()
             except grpc.RpcError as e:
-                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                # kubelet could not dial the plugin back: it removed the socket as it started
+                # (a race with a plugin that registered with the kubelet.sock of the run before),
+                # or was too busy; the next look serves again if the socket is gone
+                dial_back = e.code() == grpc.StatusCode.UNKNOWN and DIAL_BACK_FAILED in (e.details() or "")
+                if dial_back or e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self._note("kubelet did not answer Register; trying again", logging.WARNING,
                                extra={"kubelet_socket": kubelet_sock, "code": e.code().name, "error": e.details()})
                     return False

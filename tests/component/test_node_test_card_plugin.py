@@ -44,8 +44,14 @@ class Kubelet(pb_grpc.RegistrationServicer):
         self.released = threading.Event()
         self.server: grpc.Server | None = None
 
+    lose_first_socket = False   # as a kubelet that starts: removes the plugin's socket before dialing back
+
     def Register(self, request, context):
         self.called.set()
+        if self.lose_first_socket:
+            self.lose_first_socket = False
+            (self.directory / request.endpoint).unlink()
+            context.abort(grpc.StatusCode.UNKNOWN, "failed to dial device plugin: context deadline exceeded")
         if self.hang:                                 # a kubelet that is stopped (SIGSTOP) answers nothing
             self.released.wait(60)
             context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet went away")
@@ -249,6 +255,22 @@ def test_a_refused_registration_stops_the_plugin_and_removes_its_socket(short_tm
         assert "already registered" in str(p.error)
         assert not p.cards.socket_path.exists()
     finally:
+        k.stop()
+
+
+def test_a_failed_dial_back_is_not_a_refusal_the_plugin_serves_and_registers_again(short_tmp):
+    """A kubelet that is just starting removes every socket of the directory; a plugin that
+    registered at that moment is not dialed back. That is kubelet's race, not a no."""
+    k = Kubelet(short_tmp)
+    k.lose_first_socket = True
+    k.start()
+    p = PluginThread(short_tmp).start()
+    try:
+        request, _ = k.next_registration()
+        assert request.resource_name == "furiosa.ai/rngd" and p.error is None and p.thread.is_alive()
+        assert p.cards.socket_path.is_socket()
+    finally:
+        p.stop()
         k.stop()
 
 
