@@ -15,7 +15,8 @@ creates, and every route that carries cluster traffic ends in one of them:
 - **Services** ``10.96.0.0/16``. kube-proxy translates ClusterIPs inside each node. The
   machine routes the whole range to the first node, whose kube-proxy translates it, so the
   demo and the tests, which run on the machine, call a model through its Service's ClusterIP
-  like an application in the cluster would.
+  like an application in the cluster would. While that node is stopped or cut off, the
+  machine routes the range to another node (:meth:`ClusterNetwork.route_services`).
 - **Servers on the machine** listen on 127.0.0.1 only: the API server, and the bundle
   sources of the demo and the tests (an HTTP server, a registry). :meth:`ClusterNetwork.expose`
   makes one such port reachable from the cluster as ``10.200.0.1:<port>``: a DNAT rule in
@@ -93,6 +94,7 @@ class ClusterNetwork:
     def __init__(self):
         self.nodes: list[NodeAddress] = []
         self.exposed: list[int] = []
+        self.service_gateway: NodeAddress | None = None
 
     def up(self) -> None:
         _ip("link", "add", BRIDGE, "type", "bridge")
@@ -123,8 +125,14 @@ class ClusterNetwork:
         # Pod-to-Service-to-Pod on one node crosses the cni0 bridge: kube-proxy's rules must see it
         _sysctl("net.bridge.bridge-nf-call-iptables", "1", node.netns)
         if not self.nodes:
-            _ip("route", "add", SERVICE_RANGE, "via", node.address)
+            self.route_services(node)
         self.nodes.append(node)
+
+    def route_services(self, node: NodeAddress) -> None:
+        """Send the machine's Service traffic to ``node``, whose kube-proxy translates it
+        (the first node, or another one while the first is down)."""
+        _ip("route", "replace", SERVICE_RANGE, "via", node.address)
+        self.service_gateway = node
 
     def route_pods(self, node: NodeAddress, pod_range: str) -> None:
         """Route ``pod_range`` to ``node`` from the machine and from every other node."""

@@ -112,6 +112,7 @@ class LocalCluster(ControlPlane):
         self.drain_timeout = drain_timeout
         self.extra_kubelet_flags = list(extra_kubelet_flags)
         self.sandbox_image: str | None = None
+        self.down: set[str] = set()    # nodes powered off or cut off by the harness
         self.network: ClusterNetwork | None = None
         self.record: HostRecord | None = None
         self.leftovers: list[str] = []
@@ -270,20 +271,32 @@ class LocalCluster(ControlPlane):
 
     def power_off(self, name: str) -> None:
         """Stop node ``name`` as a power cut would (see :class:`ClusterNode`)."""
+        self._going_down(name)
         self.cluster_node(name).power_off()
 
     def power_on(self, name: str) -> None:
         """Start a powered-off node again and wait until it is Ready."""
         node = self.cluster_node(name)
         node.power_on(self.sandbox_image)
+        self.down.discard(name)
         self._wait_node_ready(name, self.node_ready_timeout)
 
     def cut(self, name: str) -> None:
         """Cut node ``name`` off the network; its processes run on, unreachable."""
+        self._going_down(name)
         self.network.cut(self.cluster_node(name).address)
 
     def reconnect(self, name: str) -> None:
         self.network.reconnect(self.cluster_node(name).address)
+        self.down.discard(name)
+
+    def _going_down(self, name: str) -> None:
+        """The machine's Service traffic leaves a node that goes down for one that is up."""
+        self.down.add(name)
+        if self.network.service_gateway == self.cluster_node(name).address:
+            up = [n for n in self.nodes if n.name not in self.down]
+            if up:
+                self.network.route_services(up[0].address)
 
     def operator_env(self, owner_image: str | None = None) -> dict[str, str]:
         """Environment for an operator run on this machine against this cluster. Owners are
