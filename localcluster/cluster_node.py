@@ -39,11 +39,11 @@ from .kubelet import ROOT_DIR as KUBELET_ROOT, kubelet_argv, kubelet_config
 from .network import NodeAddress
 from .node_mounts import NodeMounts
 from .processes import ProcessGroup
+from .teardown import NODE_CGROUPS
 from .test_cards import plugin_argv
 
 REPO = Path(__file__).resolve().parent.parent
 CGROUP_V1 = Path("/sys/fs/cgroup")
-NODE_CGROUPS = "resident-nodes"    # the parent of every further node's cgroup root
 
 
 class ClusterNode:
@@ -167,11 +167,6 @@ class ClusterNode:
         self.start_kubelet()
         self.start_kube_proxy()
 
-    def remove(self) -> None:
-        """After the node's processes are gone: its cgroup root."""
-        if not self.first:
-            remove_cgroup_root(self.cgroup_root)
-
     # -- pieces --------------------------------------------------------------------------
     def _start(self, name: str) -> None:
         # the test cards are this repository's Python, run from wherever the caller is
@@ -198,17 +193,6 @@ def make_cgroup_root(root: str) -> None:
                 for key in ("cpuset.cpus", "cpuset.mems"):
                     if (parent / key).exists():
                         (path / key).write_text((parent / key).read_text())
-
-
-def remove_cgroup_root(root: str) -> None:
-    """Remove ``root`` and what kubelet made below it, deepest first (empty cgroups only)."""
-    for hierarchy in _hierarchies():
-        top = hierarchy / Path(root).relative_to("/")
-        for dirpath, _, _ in sorted(os.walk(top), key=lambda w: w[0].count("/"), reverse=True):
-            try:
-                os.rmdir(dirpath)
-            except OSError:
-                pass
 
 
 def _hierarchies() -> list[Path]:

@@ -47,7 +47,8 @@ KUBELET_SYSCTLS = (
 IPTABLES = (("iptables", ("filter", "nat", "mangle")), ("ip6tables", ("filter", "nat", "mangle")))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # kubelet's Pod cgroups; further nodes keep theirs below a cgroup root of their own
-CGROUP_NAMES = ("kubepods", "kubepods.slice", "resident-nodes")
+NODE_CGROUPS = "resident-nodes"    # the parent of every further node's cgroup root
+CGROUP_NAMES = ("kubepods", "kubepods.slice", NODE_CGROUPS)
 
 
 class RecordedProcess(BaseModel):

@@ -186,6 +186,15 @@ def test_a_drain_evicts_through_the_disruption_budget_while_the_model_serves(tri
     cluster, story = trio.cluster, trio.story
     on_node = [p.metadata.name for p in trio.owners() if p.spec.node_name == "node-1"]
     assert on_node
+    # the disruption controller counts the model's owners through its scale subresource
+    # (a stale discovery cache right after the CRD is installed may fail that first; the
+    # operator makes it compute again, docs/operator.md)
+    policy = client.PolicyV1Api(cluster.api_client())
+    budget = wait_for(lambda: (lambda b: b if b.status and b.status.expected_pods == 3
+                               and b.status.disruptions_allowed == 1 else None)(
+        policy.read_namespaced_pod_disruption_budget(story.name, NAMESPACE)),
+        timeout=90, what="the budget expecting 3 owners and allowing 1 disruption", every=1)
+    assert budget.spec.max_unavailable == 1
     with ClosedLoop(story.service_address(), story.name, clients=2) as loop:
         t0 = time.monotonic()
         drained = cluster.kubectl("drain", "node-1", "--ignore-daemonsets", "--delete-emptydir-data",
@@ -198,8 +207,6 @@ def test_a_drain_evicts_through_the_disruption_budget_while_the_model_serves(tri
         assert "node-1" not in trio.ready_nodes()
         failed = [a for a in loop.between(t0, t1) if not a.ok]
         assert not failed, failed[:5]
-        events = client.CoreV1Api(cluster.api_client()).list_namespaced_event(NAMESPACE).items
-        assert not [e for e in events if e.reason == "CalculateExpectedPodCountFailed"]
     finally:
         cluster.kubectl("uncordon", "node-1")
 
