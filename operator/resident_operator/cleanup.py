@@ -18,8 +18,12 @@ evicted by a drain, deleted by hand) leaves its incarnation's delivery behind, a
 lease would pin the revision in that node's store. The bridge there releases it (now, or
 when its node comes back) and removes its finalizer; the record goes with the object.
 
-``sweep_orphans`` deletes objects labelled for the model whose UID is not recorded, and
-``prune_records`` forgets records of objects that went away on their own.
+``sweep_orphans`` deletes objects labelled for the model whose UID is not recorded, once
+they are ``ORPHAN_MIN_AGE_SECONDS`` old, and ``prune_records`` forgets records of objects
+that went away on their own. The age is what keeps two operators apart at a leader
+handover: one operator's child lives unrecorded between its create and the status write
+that records it, and the other operator's sweep (which does not hold the first one's pass
+lock) must not take it for an orphan in that window.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from .context import ModelContext
 from .delivery import deliveries_of_gone_owners
 from .model_state import ModelState
 
+ORPHAN_MIN_AGE_SECONDS = 10.0   # longer than a create and its record take, owner calls included
 SWEPT_KINDS = ("BundleDelivery", "Pod", "Service", "PodDisruptionBudget", "NetworkPolicy", "Secret")
 
 
@@ -122,6 +127,11 @@ def _seconds_deleting(obj: dict[str, Any], now: float) -> float:
     return seconds_since(stamp, now) if stamp else 0.0
 
 
+def _seconds_old(obj: dict[str, Any], now: float) -> float:
+    stamp = obj["metadata"].get("creationTimestamp")
+    return seconds_since(stamp, now) if stamp else ORPHAN_MIN_AGE_SECONDS
+
+
 def prune_records(ctx: ModelContext, state: ModelState) -> int:
     """Forget records whose object is gone or whose name now has another UID."""
     forgotten = 0
@@ -134,11 +144,15 @@ def prune_records(ctx: ModelContext, state: ModelState) -> int:
 
 
 def sweep_orphans(ctx: ModelContext, state: ModelState) -> list[str]:
-    """Delete unrecorded objects labelled for this model; return their ``kind/name``."""
+    """Delete unrecorded objects labelled for this model, once ``ORPHAN_MIN_AGE_SECONDS``
+    old (younger ones may be another operator's create, not yet recorded); return their
+    ``kind/name``."""
     swept = []
     for kind in SWEPT_KINDS:
         for obj in ch.orphans(ctx.kube.list(ctx.namespace, kind, ctx.selector), state.children):
             meta = obj["metadata"]
+            if _seconds_old(obj, ctx.clock()) < ORPHAN_MIN_AGE_SECONDS:
+                continue   # a later sweep looks again: it still differs from the records
             if ctx.kube.delete(ctx.namespace, kind, meta["name"], meta["uid"]) == "deleted":
                 swept.append(f"{kind}/{meta['name']}")
                 ctx.event("OrphanDeleted", f"deleted {kind} {meta['name']} (uid {meta['uid']}): "

@@ -251,7 +251,7 @@ def on_delete(memo: kopf.Memo, namespace: str, name: str, uid: str, **_: Any) ->
         ctx = model_context(rt.kube, rt.settings, namespace, name)
         if ctx is None or ctx.uid != uid:
             return
-        ctx.kube.patch_model_status(namespace, name, {"phase": "Terminating"})
+        ctx.body = ctx.kube.patch_model_status(namespace, name, {"phase": "Terminating"})  # its records' base
         metrics.set_model_phase(f"{namespace}/{name}", "Terminating")
         state = state_of(ctx)
         remaining = abandon_stuck_children(ctx, state, delete_recorded_children(ctx, state),

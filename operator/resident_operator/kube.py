@@ -152,11 +152,28 @@ class Kube:
                 return None
             raise
 
-    def patch_model_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch ``status`` (a None value removes the field)."""
-        self.custom.patch_namespaced_custom_object_status(
-            naming.GROUP, naming.VERSION, namespace, naming.MODEL_PLURAL, name,
-            {"status": status})
+    def patch_model_status(self, namespace: str, name: str, status: dict[str, Any],
+                           resource_version: str | None = None) -> dict[str, Any]:
+        """Merge-patch ``status`` (a None value removes the field); returns the model as
+        written. With ``resource_version`` the write is conditional: the API server applies
+        it only if the model is still at that version, else raises :class:`StatusConflict`
+        (409) and nothing is written."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            return self._json(self.custom.patch_namespaced_custom_object_status(
+                naming.GROUP, naming.VERSION, namespace, naming.MODEL_PLURAL, name, body,
+                _preload_content=False, _content_type="application/merge-patch+json"))
+        except ApiException as e:
+            if e.status == 409 and resource_version is not None:
+                raise StatusConflict(f"ResidentModel {namespace}/{name} changed since "
+                                     f"resourceVersion {resource_version}") from e
+            raise
+
+
+class StatusConflict(RuntimeError):
+    """A conditional status write found the model at another resourceVersion (409)."""
 
 
 class ConflictGone(RuntimeError):

@@ -11,6 +11,8 @@
   (``model``, ``pod``, ``secret``, ``delivery``, ``service``, ``budget``,
   ``control-policy``, ``owner``, ``resync``, ``sweep``).
 - ``resident_operator_pass_duration_seconds``: wall time of one pass.
+- ``resident_operator_status_conflicts_total``: conditional status writes that met a newer
+  model (409) and were rebased onto it (``model_state.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ SOURCE_PROBES = Counter("resident_operator_source_probes_total",
 PASS_SECONDS = Histogram("resident_operator_pass_duration_seconds", "Wall time of one pass.",
                          registry=REGISTRY,
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+STATUS_CONFLICTS = Counter("resident_operator_status_conflicts_total",
+                           "Conditional status writes that met a newer model (409) and were "
+                           "rebased onto it.", registry=REGISTRY)
 MODELS = Gauge("resident_models", "ResidentModels by phase (this operator's view).", ["phase"],
                registry=REGISTRY)
 PHASES = ("Pending", "Delivering", "Loading", "Ready", "Transitioning", "Degraded", "Terminating")

@@ -19,7 +19,7 @@ from typing import Any
 from . import conditions as c
 from . import metrics, naming
 from .context import ModelContext
-from .model_state import ModelState
+from .model_state import ModelState, StatusStore
 from .observe import derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
 from .rollout import step_transition
@@ -36,8 +36,18 @@ OK, INVALID, GONE, BLOCKED = "ok", "invalid", "gone", "blocked"
 
 
 def state_of(ctx: ModelContext) -> ModelState:
-    return ModelState((ctx.body.get("status") or {}),
-                      lambda patch: ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch))
+    """The model's durable state as ``ctx.body`` holds it; its writes are conditional on
+    the body's resourceVersion (``model_state.py``)."""
+    store = StatusStore(
+        write=lambda patch, rv: ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch, rv),
+        read=lambda: _same_model(ctx.kube.get_model(ctx.namespace, ctx.name), ctx.uid),
+        gave_up=lambda message: ctx.event("StatusWriteGaveUp", message, warning=True))
+    return ModelState(ctx.body.get("status") or {}, ctx.body["metadata"].get("resourceVersion"), store)
+
+
+def _same_model(body: dict[str, Any] | None, uid: str) -> dict[str, Any] | None:
+    """``body`` if it is the model with ``uid`` (not a successor of the same name)."""
+    return body if body is not None and body["metadata"].get("uid") == uid else None
 
 
 def reconcile(ctx: ModelContext) -> tuple[str, str]:

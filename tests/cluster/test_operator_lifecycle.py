@@ -383,7 +383,7 @@ def test_orphans_labelled_for_the_model_are_swept(cluster, namespace, tiny):
                 return False
             except ApiException as e:
                 return e.status == 404
-        wait_for(gone, timeout=20, what="the orphan Secret to be swept")
+        wait_for(gone, timeout=40, what="the orphan Secret to be swept")  # ORPHAN_MIN_AGE_SECONDS old
         # kopf posts Events from a queue of its own, so the Event may trail the deletion
         wait_for(lambda: "OrphanDeleted" in api.reasons("tiny"), what="the OrphanDeleted Event")
         assert api.core.read_namespaced_secret("unrelated", namespace).metadata.uid == unrelated.metadata.uid
