@@ -39,7 +39,6 @@ import logging
 import os
 import re
 import signal
-import stat
 import sys
 import threading
 from concurrent import futures
@@ -47,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+from csi_bridge.server import remove_stale_socket
 
 from .proto import deviceplugin_pb2 as pb, deviceplugin_pb2_grpc as pb_grpc
 
@@ -226,17 +227,6 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
-def _remove_stale_socket(path: Path) -> None:
-    """Remove a socket file left at ``path``; refuse to delete anything that is not a socket."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ValueError(f"{path} exists and is not a socket; refusing to replace it")
-    os.unlink(path)
-
-
 class TestCardPlugin:
     """Serves a node's :class:`Cards` and keeps them registered with kubelet until stopped."""
 
@@ -263,8 +253,8 @@ class TestCardPlugin:
         path = self.cards.socket_path
         binding = self.cards.directory / f".{self.cards.endpoint}~{os.getpid()}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_socket(path)
-        _remove_stale_socket(binding)
+        remove_stale_socket(path)
+        remove_stale_socket(binding)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="test-cards"))
         pb_grpc.add_DevicePluginServicer_to_server(DevicePluginServicer(self.cards, self.stopping), server)
         server.add_insecure_port(f"unix:{binding}")
