@@ -22,6 +22,8 @@ from resident_operator.pod_template import stamp
 from resident_operator.settings import OperatorSettings
 from resident_operator.spec import parse_spec
 
+from polling import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installed package
     sys.path.insert(0, str(REPO))
@@ -35,8 +37,20 @@ SETTINGS = OperatorSettings(owner_image="resident:dev")
 
 
 def _enforce(cluster, namespace: str, level: str) -> None:
-    client.CoreV1Api(cluster.api_client()).patch_namespace(
-        namespace, {"metadata": {"labels": {ENFORCE: level}}})
+    """Label the namespace, and wait until admission enforces the new level: it reads
+    namespaces from an informer, which may still hold the old labels for a moment."""
+    core = client.CoreV1Api(cluster.api_client())
+    core.patch_namespace(namespace, {"metadata": {"labels": {ENFORCE: level}}})
+    probe = client.V1Pod(metadata=client.V1ObjectMeta(name="level-probe"), spec=client.V1PodSpec(
+        host_network=True, containers=[client.V1Container(name="c", image="x")]))
+
+    def enforced() -> bool:
+        try:
+            core.create_namespaced_pod(namespace, probe, dry_run="All")
+            return level == "privileged"
+        except ApiException as e:
+            return e.status == 403 and f'\\"{level}:latest\\"' in e.body
+    wait_for(enforced, timeout=30, what=f"admission enforcing {level} in {namespace}", every=0.2)
 
 
 def _owner_pod(settings: OperatorSettings, slot: int = 0) -> dict:
