@@ -69,7 +69,7 @@ class ClusterNode:
     @property
     def kubelet_dir(self) -> Path:
         """The node's kubelet directory as the machine sees it."""
-        return KUBELET_ROOT if self.first else self.mounts.host_path(KUBELET_ROOT)
+        return self.host_path(KUBELET_ROOT)
 
     @property
     def cgroup_root(self) -> str:

@@ -47,8 +47,8 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Callable
 
 from .binaries import CONTROL_PLANE, NODE, apt_install, ensure_binaries
@@ -160,17 +160,18 @@ class LocalCluster(ControlPlane):
         self.network.up()
         self.network.expose(self.port)
         self.network.expose(DEMO_SOURCE_PORT)   # `resident bundle serve-demo`, the README's first model
-        kubeconfigs = {n.name: {"kubelet": self._node_kubeconfig(f"system:node:{n.name}", f"kubelet-{n.name}.kubeconfig"),
-                                "kube-proxy": self._node_kubeconfig("system:kube-proxy", "kube-proxy.kubeconfig")}
-                       for n in self.nodes}
+        proxy_kubeconfig = self._node_kubeconfig("system:kube-proxy", "kube-proxy.kubeconfig")   # one for all nodes
+        cached = cached_image_names()
         for node in self.nodes:
             self.network.add_node(node.address)
             node.prepare()
             containerd = node.start_runtime(self.sandbox_image)
             containerd.remove_workloads()   # containers an earlier, crashed run left behind
             # the image store follows the image cache: what the cache pruned goes here too
-            containerd.prune_images("resident.local/", keep=cached_image_names())
-            node.configure(self.state_dir, self.authority, self.ca_cert, kubeconfigs[node.name], self.bin_dir,
+            containerd.prune_images("resident.local/", keep=cached)
+            kubeconfigs = {"kubelet": self._node_kubeconfig(f"system:node:{node.name}", f"kubelet-{node.name}.kubeconfig"),
+                           "kube-proxy": proxy_kubeconfig}
+            node.configure(self.state_dir, self.authority, self.ca_cert, kubeconfigs, self.bin_dir,
                            self.extra_kubelet_flags)
         self.import_image(sandbox_tar)
         kubelet_began = time.monotonic()
