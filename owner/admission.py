@@ -6,9 +6,11 @@ identical and every weights file must keep its path and size; otherwise the answ
 revision and hash-checked against the target manifest, and every differing byte is
 mapped through the safetensors header onto tensors and rows. Only rows of admissible
 tensors (projections, LM head) with an unchanged header (so unchanged shapes, dtypes and
-offsets) may differ. The result is a :class:`~owner.inplace.StagedUpdate` of row patches,
-decided before a single live byte changes. Old bytes come from the live weights, not from
-the old revision's files.
+offsets) may differ, in whatever dtype the file holds them (BF16, F16, F32): rows are
+compared and staged as the bit patterns of their values, integers of the dtype's width.
+The result is a :class:`~owner.inplace.StagedUpdate` of row patches, decided before a
+single live byte changes. Old bytes come from the live weights, not from the old
+revision's files.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from bundle.manifest import Manifest, Role
 
 from .inplace import ChangedRange, NeedsReload, RangeCheck, RowStore, StagedUpdate, TensorPatch
 from .revisions import Revision, read_range_verified
-from .safetensors_layout import Layout
+from .safetensors_layout import DTYPE_BYTES, Layout
 
 
 def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout]) -> list[ChangedRange]:
@@ -59,32 +61,40 @@ def _stage_tensor(store: RowStore, slot, a: int, b: int, new: bytes,
                   pending: dict[str, dict[int, np.ndarray]]) -> None:
     """Record the rows of ``slot`` whose bytes in file range a..b differ from the live ones.
 
-    Compares BF16 values in place against the live tensor (no copy of it) and reduces the
-    comparison per row; only the rows that differ are copied and patched. ``a`` and ``b``
-    fall on value boundaries: chunk sizes are multiples of 4096 and BF16 tensors start at
-    even offsets (the cpu backend refuses others at load)."""
-    if len(slot.shape) != 2 or slot.dtype != "BF16":
+    Compares values as bit patterns (unsigned integers of the dtype's width) in place
+    against the live tensor (no copy of it) and reduces the comparison per row; only the
+    rows that differ are copied and patched. ``a`` and ``b`` fall on value boundaries when
+    the tensor starts on one of its dtype's width: chunk sizes are multiples of 4096, and
+    safetensors writes the widest dtypes first after a header padded to 8 bytes. A tensor
+    that starts elsewhere may still keep its bytes; it cannot change in place."""
+    width = DTYPE_BYTES[slot.dtype]
+    if len(slot.shape) != 2 or (a - slot.start) % width or (b - slot.start) % width:
         if store.tensor_bytes(slot.name, a - slot.start, b - slot.start) != new:
-            raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place")
+            why = ("only rows of 2-D tensors change in place" if len(slot.shape) != 2 else
+                   f"its {slot.dtype} values do not start on {width}-byte boundaries in the file")
+            raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place ({why})")
         return
-    live, width = store.live_bits(slot.name), slot.shape[1]
-    e0, e1 = (a - slot.start) // 2, (b - slot.start) // 2
-    incoming = np.frombuffer(new, dtype=np.uint16)
+    live, columns = store.live_bits(slot.name), slot.shape[1]
+    if live.dtype.itemsize != width:
+        raise NeedsReload(f"tensor {slot.name} is held in {live.dtype.itemsize}-byte values, "
+                          f"its file's {slot.dtype} has {width}; only a reload can change it")
+    e0, e1 = (a - slot.start) // width, (b - slot.start) // width
+    incoming = np.frombuffer(new, dtype=live.dtype)
     differs = live.reshape(-1)[e0:e1] != incoming
-    r0 = e0 // width
-    row_starts = np.r_[0, np.arange((r0 + 1) * width - e0, e1 - e0, width)]
+    r0 = e0 // columns
+    row_starts = np.r_[0, np.arange((r0 + 1) * columns - e0, e1 - e0, columns)]
     changed = r0 + np.flatnonzero(np.logical_or.reduceat(differs, row_starts))
     if changed.size == 0:
         return
     if not is_admissible(slot.name):
         raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place "
-                          "(only BF16 rows of projection and LM-head tensors are)")
+                          "(only rows of projection and LM-head tensors are)")
     mine = pending.setdefault(slot.name, {})
     for row in changed.tolist():
         # a row split across two chunks keeps the part another chunk staged, or the live one
         value = mine[row] if row in mine else live[row].copy()
-        lo, hi = max(e0, row * width), min(e1, (row + 1) * width)
-        value[lo - row * width:hi - row * width] = incoming[lo - e0:hi - e0]
+        lo, hi = max(e0, row * columns), min(e1, (row + 1) * columns)
+        value[lo - row * columns:hi - row * columns] = incoming[lo - e0:hi - e0]
         mine[row] = value
 
 
