@@ -8,27 +8,31 @@ mapped through the safetensors header onto tensors and rows. Only rows of admiss
 tensors (projections, LM head) with an unchanged header (so unchanged shapes, dtypes and
 offsets) may differ, in whatever dtype the file holds them (BF16, F16, F32): rows are
 compared and staged as the bit patterns of their values, integers of the dtype's width.
-The result is a :class:`~owner.inplace.StagedUpdate` of row patches, decided before a
-single live byte changes. Old bytes come from the live weights, not from the old
-revision's files.
+A changed header or file size is refused with the first tensor whose dtype or shape
+changes, read from the target's own header. The result is a
+:class:`~owner.inplace.StagedUpdate` of row patches, decided before a single live byte
+changes. Old bytes come from the live weights, not from the old revision's files.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
 from bundle.model_revisions import is_admissible
-from bundle.manifest import Manifest, Role
+from bundle.manifest import FileEntry, Manifest, Role
 
 from .inplace import ChangedRange, NeedsReload, RangeCheck, RowStore, StagedUpdate, TensorPatch
-from .revisions import Revision, read_range_verified
-from .safetensors_layout import DTYPE_BYTES, Layout
+from .revisions import Revision, RevisionError, read_range_verified
+from .safetensors_layout import DTYPE_BYTES, Layout, LayoutError, first_difference, header_length, parse_layout
 
 
-def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout]) -> list[ChangedRange]:
-    """Chunks of weights files that differ; raise NeedsReload for anything else that does."""
+def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout],
+                explain: Callable[[str], str] | None = None) -> list[ChangedRange]:
+    """Chunks of weights files that differ; raise NeedsReload for anything else that does.
+    ``explain(path)`` may say why a weights file changes size (see :func:`stage`)."""
     def others(m: Manifest) -> set:
         return {(f.path, f.sha256, f.role) for f in m.files if f.role != Role.weights}
 
@@ -45,7 +49,8 @@ def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout])
         if a.sha256 == b.sha256:
             continue
         if a.size != b.size:
-            raise NeedsReload(f"{path}: size changes from {a.size} to {b.size}")
+            why = f"{path}: size changes from {a.size} to {b.size}"
+            raise NeedsReload(f"{why}: {explain(path)}" if explain and path in layouts else why)
         if path not in layouts:
             raise NeedsReload(f"{path}: the backend holds no layout for this weights file")
         if not b.chunks:
@@ -98,6 +103,21 @@ def _stage_tensor(store: RowStore, slot, a: int, b: int, new: bytes,
         mine[row] = value
 
 
+def _layout_change(layout: Layout, target: Revision, entry: FileEntry) -> str:
+    """What differs between the live layout of a weights file and the target's, read from
+    the target file's header (its first chunks, hash-checked); for a refusal's reason."""
+    data, index = b"", 0
+    try:
+        while True:
+            data += read_range_verified(target, entry, index)
+            index += 1
+            if len(data) >= header_length(data) or not entry.chunks or index == len(entry.chunks):
+                break
+        return first_difference(layout, parse_layout(data, entry.size))
+    except (LayoutError, RevisionError, OSError) as e:
+        return f"the target's safetensors header cannot be read ({e})"
+
+
 def _read_ranges(target: Revision, ranges: list[ChangedRange], ahead: int = 4):
     """Yield the changed chunks, hash-checked, reading and hashing up to ``ahead`` at once on
     two threads (hashlib releases the GIL) so admission can stop early without reading all."""
@@ -119,10 +139,14 @@ def _read_ranges(target: Revision, ranges: list[ChangedRange], ahead: int = 4):
 def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
     """Read and hash-check the changed chunks of ``target``; return the row patches."""
     layouts = store.layouts()
-    ranges = plan_ranges(current, target.manifest, layouts)
+    entries = target.manifest.by_path()
+
+    def explain(path: str) -> str:
+        return _layout_change(layouts[path], target, entries[path])
+
+    ranges = plan_ranges(current, target.manifest, layouts, explain)
     pending: dict[str, dict[int, np.ndarray]] = {}
     checks, baseline, total = [], [], 0
-    entries = target.manifest.by_path()
     for rng, data in zip(ranges, _read_ranges(target, ranges)):
         entry, layout = entries[rng.path], layouts[rng.path]
         off = rng.index * target.manifest.chunk_size if entry.chunks else 0
@@ -137,7 +161,8 @@ def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
         if off < layout.data_start:
             n = min(end, layout.data_start) - off
             if data[:n] != layout.header[off:off + n]:
-                raise NeedsReload(f"{rng.path}: the safetensors header (tensor layout) changed")
+                raise NeedsReload(f"{rng.path}: the safetensors header (tensor layout) changed: "
+                                  f"{explain(rng.path)}")
         for slot in layout.overlapping(off, end):
             a, b = max(off, slot.start), min(end, slot.end)
             _stage_tensor(store, slot, a, b, data[a - off:b - off], pending)

@@ -2,6 +2,7 @@
 graph compilation checks, BF16 widening and the backend registry."""
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -157,6 +158,27 @@ def test_f32_rows_are_staged_and_applied_as_their_bits_unless_the_tensor_starts_
     assert apply(store, update, verify_chunks=True).rows == 3
     layout, want = store.layouts()["model.safetensors"], (target.dir / "model.safetensors").read_bytes()
     assert rebuild_range(store, layout, 0, len(want)) == want
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda t: t.update(a=("F16", t["a"][1])), "tensor a changes dtype from BF16 to F16"),
+    (lambda t: t.update(a=("BF16", t["a"][1].reshape(3, 2))), r"tensor a changes shape from \[2, 3\] to \[3, 2\]"),
+    (lambda t: t.pop("b"), "tensor b is not in the target"),
+    (lambda t: t.update(c=("BF16", np.zeros(1, np.uint16))), "tensor c is new in the target"),
+    (lambda t: t.update(a=t.pop("a")), "tensor (a|b) moves within the file"),
+])
+def test_a_layout_change_is_told_by_its_first_differing_tensor(change, words):
+    from owner.safetensors_layout import first_difference
+
+    def layout(tensors):
+        data = safetensors_of([(n, dtype, bits) for n, (dtype, bits) in tensors.items()])
+        return parse_layout(data, len(data))
+
+    tensors = {"a": ("BF16", np.arange(6, dtype=np.uint16).reshape(2, 3)), "b": ("BF16", np.ones(4, np.uint16))}
+    live = layout(tensors)
+    change(tensors)
+    assert re.fullmatch(words, first_difference(live, layout(tensors)))
+    assert first_difference(live, live) == "the layouts are the same"
 
 
 def test_bf16_widening_is_exact_and_the_high_half_words_give_the_bits_back():
