@@ -8,9 +8,9 @@ reload. After an apply, the new revision must answer one token (``firstToken``):
 not, the update is rolled back in place to the revision that was live (its changed rows
 staged from its own files, verified like any update) and the transition is ``failed``;
 if the rollback fails too, the reason says so and which revision serves. After a reload
-the old runtime is gone, so a failed check ends ``failed`` with the reloaded revision
-named as the one serving. The result's ``identity`` is always the revision live when it
-was written. Reload closes the old runtime first, so a failed reload leaves the owner
+the old runtime is gone, so a failed check (or warm-up) ends ``failed`` with the reloaded
+revision named as the one serving. The result's ``identity`` is always the revision live
+when it was written. Reload closes the old runtime first, so a failed reload leaves the owner
 ``unloaded``; its staging step therefore checks that every target file is present with
 the manifest's size before the old runtime is closed. A reload whose target holds the
 live weights (``weightsReused``: only the graph is compiled and bound to them) touches
@@ -154,15 +154,15 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
             st.reason = "the reloaded runtime reports another identity than the target"
             return "unloaded", "failed"
         t.verify_seconds = time.perf_counter() - t2
-        if owner.warmup and not report.graph_reused:
-            t3 = time.perf_counter()
-            owner.warm_up()  # a newly compiled graph is a new engine: warm it as at start
-            t.warmup_seconds = time.perf_counter() - t3
         try:
+            if owner.warmup and not report.graph_reused:
+                t3 = time.perf_counter()
+                owner.warm_up()  # a newly compiled graph is a new engine: warm it as at start
+                t.warmup_seconds = time.perf_counter() - t3
             t.first_token_seconds = owner.probe()
         except Exception as e:  # noqa: BLE001 - the old runtime is gone; say what serves
-            st.reason = (f"the first-token check failed after the reload ({type(e).__name__}: {e}); "
-                         f"it is loaded: {target.digest} serves")
+            st.reason = (f"warm-up or the first-token check failed after the reload "
+                         f"({type(e).__name__}: {e}); it is loaded: {target.digest} serves")
             return "ready", "failed"
     return "ready", "succeeded"
 

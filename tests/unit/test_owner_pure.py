@@ -154,7 +154,8 @@ def test_f32_rows_are_staged_and_applied_as_their_bits_unless_the_tensor_starts_
             stage(store, base.manifest, target)
         return
     update = stage(store, base.manifest, target)
-    assert [(p.name, p.rows.tolist(), p.new.dtype) for p in update.patches] == [("lm_head.weight", [1, 2, 6], np.uint32)]
+    staged = [(p.name, p.rows.tolist(), p.new.dtype) for p in update.patches]
+    assert staged == [("lm_head.weight", [1, 2, 6], np.uint32)]
     assert apply(store, update, verify_chunks=True).rows == 3
     layout, want = store.layouts()["model.safetensors"], (target.dir / "model.safetensors").read_bytes()
     assert rebuild_range(store, layout, 0, len(want)) == want
