@@ -6,27 +6,33 @@ identical and every weights file must keep its path and size; otherwise the answ
 revision and hash-checked against the target manifest, and every differing byte is
 mapped through the safetensors header onto tensors and rows. Only rows of admissible
 tensors (projections, LM head) with an unchanged header (so unchanged shapes, dtypes and
-offsets) may differ. The result is a :class:`~owner.inplace.StagedUpdate` of row patches,
-decided before a single live byte changes. Old bytes come from the live weights, not from
-the old revision's files.
+offsets) may differ, in whatever dtype the file holds them (BF16, F16, F32): rows are
+compared and staged as the bit patterns of their values, integers of the dtype's width.
+A changed header or file size is refused with the first tensor whose dtype or shape
+changes, read from the target's own header. The result is a
+:class:`~owner.inplace.StagedUpdate` of row patches, decided before a single live byte
+changes. Old bytes come from the live weights, not from the old revision's files.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
 from bundle.model_revisions import is_admissible
-from bundle.manifest import Manifest, Role
+from bundle.manifest import FileEntry, Manifest, Role
 
 from .inplace import ChangedRange, NeedsReload, RangeCheck, RowStore, StagedUpdate, TensorPatch
-from .revisions import Revision, read_range_verified
-from .safetensors_layout import Layout
+from .revisions import Revision, RevisionError, read_range_verified
+from .safetensors_layout import DTYPE_BYTES, Layout, LayoutError, first_difference, header_length, parse_layout
 
 
-def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout]) -> list[ChangedRange]:
-    """Chunks of weights files that differ; raise NeedsReload for anything else that does."""
+def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout],
+                explain: Callable[[str], str] | None = None) -> list[ChangedRange]:
+    """Chunks of weights files that differ; raise NeedsReload for anything else that does.
+    ``explain(path)`` may say why a weights file changes size (see :func:`stage`)."""
     def others(m: Manifest) -> set:
         return {(f.path, f.sha256, f.role) for f in m.files if f.role != Role.weights}
 
@@ -43,7 +49,8 @@ def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout])
         if a.sha256 == b.sha256:
             continue
         if a.size != b.size:
-            raise NeedsReload(f"{path}: size changes from {a.size} to {b.size}")
+            why = f"{path}: size changes from {a.size} to {b.size}"
+            raise NeedsReload(f"{why}: {explain(path)}" if explain and path in layouts else why)
         if path not in layouts:
             raise NeedsReload(f"{path}: the backend holds no layout for this weights file")
         if not b.chunks:
@@ -59,33 +66,56 @@ def _stage_tensor(store: RowStore, slot, a: int, b: int, new: bytes,
                   pending: dict[str, dict[int, np.ndarray]]) -> None:
     """Record the rows of ``slot`` whose bytes in file range a..b differ from the live ones.
 
-    Compares BF16 values in place against the live tensor (no copy of it) and reduces the
-    comparison per row; only the rows that differ are copied and patched. ``a`` and ``b``
-    fall on value boundaries: chunk sizes are multiples of 4096 and BF16 tensors start at
-    even offsets (the cpu backend refuses others at load)."""
-    if len(slot.shape) != 2 or slot.dtype != "BF16":
+    Compares values as bit patterns (unsigned integers of the dtype's width) in place
+    against the live tensor (no copy of it) and reduces the comparison per row; only the
+    rows that differ are copied and patched. ``a`` and ``b`` fall on value boundaries when
+    the tensor starts on one of its dtype's width: chunk sizes are multiples of 4096, and
+    safetensors writes the widest dtypes first after a header padded to 8 bytes. A tensor
+    that starts elsewhere may still keep its bytes; it cannot change in place."""
+    width = DTYPE_BYTES[slot.dtype]
+    if len(slot.shape) != 2 or (a - slot.start) % width or (b - slot.start) % width:
         if store.tensor_bytes(slot.name, a - slot.start, b - slot.start) != new:
-            raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place")
+            why = ("only rows of 2-D tensors change in place" if len(slot.shape) != 2 else
+                   f"its {slot.dtype} values do not start on {width}-byte boundaries in the file")
+            raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place ({why})")
         return
-    live, width = store.live_bits(slot.name), slot.shape[1]
-    e0, e1 = (a - slot.start) // 2, (b - slot.start) // 2
-    incoming = np.frombuffer(new, dtype=np.uint16)
+    live, columns = store.live_bits(slot.name), slot.shape[1]
+    if live.dtype.itemsize != width:
+        raise NeedsReload(f"tensor {slot.name} is held in {live.dtype.itemsize}-byte values, "
+                          f"its file's {slot.dtype} has {width}; only a reload can change it")
+    e0, e1 = (a - slot.start) // width, (b - slot.start) // width
+    incoming = np.frombuffer(new, dtype=live.dtype)
     differs = live.reshape(-1)[e0:e1] != incoming
-    r0 = e0 // width
-    row_starts = np.r_[0, np.arange((r0 + 1) * width - e0, e1 - e0, width)]
+    r0 = e0 // columns
+    row_starts = np.r_[0, np.arange((r0 + 1) * columns - e0, e1 - e0, columns)]
     changed = r0 + np.flatnonzero(np.logical_or.reduceat(differs, row_starts))
     if changed.size == 0:
         return
     if not is_admissible(slot.name):
         raise NeedsReload(f"tensor {slot.name} changed and is not admissible in place "
-                          "(only BF16 rows of projection and LM-head tensors are)")
+                          "(only rows of projection and LM-head tensors are)")
     mine = pending.setdefault(slot.name, {})
     for row in changed.tolist():
         # a row split across two chunks keeps the part another chunk staged, or the live one
         value = mine[row] if row in mine else live[row].copy()
-        lo, hi = max(e0, row * width), min(e1, (row + 1) * width)
-        value[lo - row * width:hi - row * width] = incoming[lo - e0:hi - e0]
+        lo, hi = max(e0, row * columns), min(e1, (row + 1) * columns)
+        value[lo - row * columns:hi - row * columns] = incoming[lo - e0:hi - e0]
         mine[row] = value
+
+
+def _layout_change(layout: Layout, target: Revision, entry: FileEntry) -> str:
+    """What differs between the live layout of a weights file and the target's, read from
+    the target file's header (its first chunks, hash-checked); for a refusal's reason."""
+    data, index = b"", 0
+    try:
+        while True:
+            data += read_range_verified(target, entry, index)
+            index += 1
+            if len(data) >= header_length(data) or not entry.chunks or index == len(entry.chunks):
+                break
+        return first_difference(layout, parse_layout(data, entry.size))
+    except (LayoutError, RevisionError, OSError) as e:
+        return f"the target's safetensors header cannot be read ({e})"
 
 
 def _read_ranges(target: Revision, ranges: list[ChangedRange], ahead: int = 4):
@@ -109,10 +139,14 @@ def _read_ranges(target: Revision, ranges: list[ChangedRange], ahead: int = 4):
 def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
     """Read and hash-check the changed chunks of ``target``; return the row patches."""
     layouts = store.layouts()
-    ranges = plan_ranges(current, target.manifest, layouts)
+    entries = target.manifest.by_path()
+
+    def explain(path: str) -> str:
+        return _layout_change(layouts[path], target, entries[path])
+
+    ranges = plan_ranges(current, target.manifest, layouts, explain)
     pending: dict[str, dict[int, np.ndarray]] = {}
     checks, baseline, total = [], [], 0
-    entries = target.manifest.by_path()
     for rng, data in zip(ranges, _read_ranges(target, ranges)):
         entry, layout = entries[rng.path], layouts[rng.path]
         off = rng.index * target.manifest.chunk_size if entry.chunks else 0
@@ -127,7 +161,8 @@ def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
         if off < layout.data_start:
             n = min(end, layout.data_start) - off
             if data[:n] != layout.header[off:off + n]:
-                raise NeedsReload(f"{rng.path}: the safetensors header (tensor layout) changed")
+                raise NeedsReload(f"{rng.path}: the safetensors header (tensor layout) changed: "
+                                  f"{explain(rng.path)}")
         for slot in layout.overlapping(off, end):
             a, b = max(off, slot.start), min(end, slot.end)
             _stage_tensor(store, slot, a, b, data[a - off:b - off], pending)

@@ -49,11 +49,15 @@ class ReleaseFailed(InPlaceFailed):
 
 
 class RowStore(Protocol):
-    """What a backend offers the in-place machinery: BF16 bytes and rows of live tensors."""
+    """What a backend offers the in-place machinery: bytes and rows of live tensors.
+
+    Values are exchanged as their bit patterns: unsigned integers of the width of the
+    tensor's dtype in its file (uint16 for BF16 and F16, uint32 for F32), so what is
+    compared, written and read back is exactly the bytes the file holds."""
 
     def layouts(self) -> dict[str, Layout]: ...
     def tensor_bytes(self, name: str, start: int, end: int) -> bytes: ...
-    def live_bits(self, name: str) -> np.ndarray: ...  # BF16 bit patterns, tensor-shaped; read only
+    def live_bits(self, name: str) -> np.ndarray: ...  # bit patterns, tensor-shaped; read only
     def read_rows(self, name: str, rows: np.ndarray) -> np.ndarray: ...
     def write_rows(self, name: str, rows: np.ndarray, values: np.ndarray) -> None: ...
     def release_staged(self, update: "StagedUpdate") -> None: ...
@@ -77,7 +81,7 @@ class RangeCheck:
 class TensorPatch:
     name: str
     rows: np.ndarray  # sorted row indices
-    new: np.ndarray  # uint16 BF16 bit patterns, [len(rows), width]
+    new: np.ndarray  # bit patterns of the tensor's dtype (see RowStore), [len(rows), width]
 
     @property
     def sha256(self) -> str:

@@ -29,14 +29,13 @@ from pathlib import Path
 from typing import Iterator
 
 from . import api
-from .backends.base import Backend, BackendError
+from .backends.base import Backend, BackendError, first_token
 from .metrics import OwnerMetrics
 from .revision_lock import LockClosed, RevisionLock, WaitExpired
 from .revisions import Revision, RevisionError, RevisionNotFound, open_revision
 from .transitions import new_status, run_transition
 
 log = logging.getLogger("resident.owner")
-PROBE_PROMPT = "\n"
 MAX_REMEMBERED = 100
 RETRY_AFTER_SECONDS = 1
 
@@ -128,7 +127,7 @@ class Owner:
     def warm_up(self) -> None:
         """One token on every compiled variant (at start, and after a reload compiled anew)."""
         for variant in self.backend.variants():
-            self.backend.generate(PROBE_PROMPT, 1, variant)
+            first_token(self.backend, variant)
 
     # -- inference ---------------------------------------------------------------
     @contextmanager
@@ -164,9 +163,10 @@ class Owner:
                                     firstTokenSeconds=out.first_token_seconds)
 
     def probe(self) -> float:
-        """Wall time of one token from the live model (the transitions' first-token figure)."""
+        """Wall time of one token from the live model (the transitions' first-token check and
+        figure); raises what the backend raised when the model answers no token."""
         t0 = time.perf_counter()
-        self.backend.generate(PROBE_PROMPT, 1)
+        first_token(self.backend)
         return time.perf_counter() - t0
 
     # -- transitions -------------------------------------------------------------

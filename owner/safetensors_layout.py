@@ -4,7 +4,8 @@ A safetensors file is an 8-byte little-endian header length, a JSON header namin
 tensor's dtype, shape and ``data_offsets`` (relative to the end of the header), then the
 tensor bytes. The owner needs the absolute byte ranges to map a changed manifest chunk
 onto the tensors (and rows) it touches, and to rebuild any byte range of the file from
-the live weights when it verifies an in-place update.
+the live weights when it verifies an in-place update. When two revisions' layouts differ,
+:func:`first_difference` says how, in the words of a refusal.
 """
 
 from __future__ import annotations
@@ -95,3 +96,23 @@ def parse_layout(data: bytes | memoryview, size: int) -> Layout:
     if pos != size:
         raise LayoutError(f"tensors end at {pos} but the file has {size} bytes")
     return Layout(header, tuple(slots), size)
+
+
+def first_difference(live: Layout, target: Layout) -> str:
+    """How ``target`` differs from ``live``, first tensor first (in the live file's order)."""
+    old, new = live.by_name(), target.by_name()
+    for name, a in old.items():
+        b = new.get(name)
+        if b is None:
+            return f"tensor {name} is not in the target"
+        if a.dtype != b.dtype:
+            return f"tensor {name} changes dtype from {a.dtype} to {b.dtype}"
+        if a.shape != b.shape:
+            return f"tensor {name} changes shape from {list(a.shape)} to {list(b.shape)}"
+    added = [name for name in new if name not in old]
+    if added:
+        return f"tensor {added[0]} is new in the target"
+    moved = [a.name for a in live.tensors if (a.start, a.end) != (new[a.name].start, new[a.name].end)]
+    if moved:
+        return f"tensor {moved[0]} moves within the file"
+    return "the header's metadata changes" if live.header != target.header else "the layouts are the same"

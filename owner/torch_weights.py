@@ -1,7 +1,8 @@
 """Live weights of a torch module, addressed as the checkpoint's safetensors files name them.
 
 The owner's in-place machinery (:mod:`owner.admission`, :mod:`owner.inplace`) speaks of
-tensors by their names in the weights files and of BF16 rows as uint16 bit patterns.
+tensors by their names in the weights files and of rows as the bit patterns of their
+values: unsigned integers of the dtype's width (uint16 for BF16 and F16, uint32 for F32).
 :func:`bind` matches every tensor of a checkpoint's files (by its parsed
 :class:`~owner.safetensors_layout.Layout`) to the tensor of a module that holds it: the
 same name, or the name with or without the model's ``base_model_prefix`` (older GPT-2
@@ -13,8 +14,9 @@ checks a checkpoint before a byte of it is loaded.
 
 :class:`LiveWeights` is the bound module as a :class:`~owner.inplace.RowStore`: rows are
 read by indexing (a copy, on the host) and written with ``copy_`` per contiguous run of
-rows into the live parameters, on whatever device they sit. A tensor takes part in place
-only when the module holds it in the file's dtype, so live bytes equal file bytes.
+rows into the live parameters, in their own dtype, on whatever device they sit. A tensor
+takes part in place only when the module holds it in the file's dtype, so live bytes
+equal file bytes.
 :meth:`LiveWeights.load_files` copies a whole revision into the bound tensors: a reload
 that keeps the module.
 """
@@ -31,6 +33,14 @@ from .revisions import Revision, map_verified
 from .safetensors_layout import Layout, parse_layout
 
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+_SIGNED = {2: torch.int16, 4: torch.int32}  # torch views a tensor as integers of its width
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    """The values of ``t`` as unsigned bit patterns of their width, on the host (a view
+    when ``t`` is there, a copy from a device)."""
+    size = t.element_size()
+    return t.view(_SIGNED[size]).cpu().numpy().view(f"u{size}")
 
 
 class WeightsMismatch(ValueError):
@@ -123,17 +133,22 @@ class LiveWeights:
         return flat[start:end].cpu().numpy().tobytes()
 
     def live_bits(self, name: str) -> np.ndarray:
-        """BF16 bit patterns, tensor-shaped: a view on the host, a copy from a device."""
-        return self.tensor(name).view(torch.int16).cpu().numpy().view(np.uint16)
+        """Bit patterns, tensor-shaped: a view on the host, a copy from a device."""
+        return _bits(self.tensor(name))
 
     def read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         t = self.tensor(name)
         index = torch.as_tensor(rows, dtype=torch.long, device=t.device)
-        return t.index_select(0, index).view(torch.int16).cpu().numpy().view(np.uint16)
+        return _bits(t.index_select(0, index))
 
     def write_rows(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
+        """Write bit patterns of ``t``'s own width into rows of the live tensor ``t``."""
         t = self.tensor(name)
-        src = torch.from_numpy(np.ascontiguousarray(values).view(np.int16)).view(t.dtype).to(t.device)
+        size = t.element_size()
+        if values.dtype.itemsize != size:
+            raise ValueError(f"tensor {name}: {values.dtype.itemsize}-byte values for {t.dtype} rows")
+        bits = np.ascontiguousarray(values).view(f"i{size}")
+        src = torch.from_numpy(bits).view(t.dtype).to(t.device)
         with torch.no_grad():
             for a, b, at in _runs(np.asarray(rows)):
                 t[a:b].copy_(src[at:at + b - a])

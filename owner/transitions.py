@@ -4,7 +4,13 @@
 the strategy chosen is ``Reload`` (a plan, decided before anything live changed).
 ``InPlace`` that is not admissible ends as ``needs-reload`` with nothing changed. An
 in-place update that was admitted and then fails is ``failed`` - never turned into a
-reload. Reload closes the old runtime first, so a failed reload leaves the owner
+reload. After an apply, the new revision must answer one token (``firstToken``): if it does
+not, the update is rolled back in place to the revision that was live (its changed rows
+staged from its own files, verified like any update) and the transition is ``failed``;
+if the rollback fails too, the reason says so and which revision serves. After a reload
+the old runtime is gone, so a failed check (or warm-up) ends ``failed`` with the reloaded
+revision named as the one serving. The result's ``identity`` is always the revision live
+when it was written. Reload closes the old runtime first, so a failed reload leaves the owner
 ``unloaded``; its staging step therefore checks that every target file is present with
 the manifest's size before the old runtime is closed. A reload whose target holds the
 live weights (``weightsReused``: only the graph is compiled and bound to them) touches
@@ -38,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from . import api
 from .backends.base import ReloadRefused
-from .inplace import NeedsReload, ReleaseFailed, RestoreFailed, VerifyFailed
+from .inplace import InPlaceFailed, NeedsReload, ReleaseFailed, RestoreFailed
 from .revisions import IntegrityError, Revision, RevisionError
 
 if TYPE_CHECKING:
@@ -65,8 +71,19 @@ def _identity(owner: "Owner") -> api.Identity | None:
     return api.Identity(**ident) if ident else None
 
 
+def _failed_apply(owner: "Owner", e: InPlaceFailed) -> tuple[str, str]:
+    """(owner state, reason) after an admitted in-place update failed to apply."""
+    if isinstance(e, RestoreFailed):
+        owner.backend.close()
+        return "unloaded", f"{e}; the model was unloaded"
+    if isinstance(e, ReleaseFailed):
+        return "quarantined", f"{e}; the owner is quarantined ({'new' if e.applied else 'old'} identity live)"
+    return "ready", str(e)  # verification failed and the journal restored the old rows
+
+
 def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings
               ) -> tuple[str, str]:
+    previous = owner.current()
     t0 = time.perf_counter()
     update = owner.backend.stage_in_place(target)
     t.stage_seconds = time.perf_counter() - t0
@@ -74,19 +91,38 @@ def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api
     with owner.revision_lock.exclusive():
         try:
             report = owner.backend.apply_in_place(update)
-        except VerifyFailed as e:
-            st.reason = str(e)
-            return "ready", "failed"
-        except RestoreFailed as e:
-            owner.backend.close()
-            st.reason = f"{e}; the model was unloaded"
-            return "unloaded", "failed"
-        except ReleaseFailed as e:
-            st.reason = f"{e}; the owner is quarantined ({'new' if e.applied else 'old'} identity live)"
-            return "quarantined", "failed"
+        except InPlaceFailed as e:
+            final, st.reason = _failed_apply(owner, e)
+            return final, "failed"
         t.apply_seconds, t.verify_seconds = report.apply_seconds, report.verify_seconds
-        t.first_token_seconds = owner.probe()
+        try:
+            t.first_token_seconds = owner.probe()
+        except Exception as e:  # noqa: BLE001 - whatever the model raised, it did not answer
+            return _roll_back(owner, st, previous, f"{type(e).__name__}: {e}")
     return "ready", "succeeded"
+
+
+def _roll_back(owner: "Owner", st: api.TransitionStatus, previous: Revision, problem: str
+               ) -> tuple[str, str]:
+    """After the first-token check failed on an applied update: apply ``previous`` in place
+    again (inference is still excluded), and say in the reason which revision serves."""
+    why = f"the first-token check failed after the in-place apply ({problem})"
+    log.warning("first-token check failed after apply, rolling back",
+                extra={"transition": st.id, "reason": problem, "to": previous.digest})
+    try:
+        owner.backend.apply_in_place(owner.backend.stage_in_place(previous))
+    except InPlaceFailed as e:
+        final, reason = _failed_apply(owner, e)
+        st.reason = f"{why}; rolling back in place to {previous.digest} failed: {reason}"
+    except Exception as e:  # noqa: BLE001 - e.g. the previous revision's files no longer verify
+        final = "ready"
+        st.reason = f"{why}; rolling back in place to {previous.digest} failed: {type(e).__name__}: {e}"
+    else:
+        st.reason = f"{why}; rolled back in place: {previous.digest} serves"
+        return "ready", "failed"
+    live = owner.live_digest()
+    st.reason += f"; {live} serves" if live else "; no revision serves"
+    return final, "failed"
 
 
 def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings,
@@ -118,11 +154,16 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
             st.reason = "the reloaded runtime reports another identity than the target"
             return "unloaded", "failed"
         t.verify_seconds = time.perf_counter() - t2
-        if owner.warmup and not report.graph_reused:
-            t3 = time.perf_counter()
-            owner.warm_up()  # a newly compiled graph is a new engine: warm it as at start
-            t.warmup_seconds = time.perf_counter() - t3
-        t.first_token_seconds = owner.probe()
+        try:
+            if owner.warmup and not report.graph_reused:
+                t3 = time.perf_counter()
+                owner.warm_up()  # a newly compiled graph is a new engine: warm it as at start
+                t.warmup_seconds = time.perf_counter() - t3
+            t.first_token_seconds = owner.probe()
+        except Exception as e:  # noqa: BLE001 - the old runtime is gone; say what serves
+            st.reason = (f"warm-up or the first-token check failed after the reload "
+                         f"({type(e).__name__}: {e}); it is loaded: {target.digest} serves")
+            return "ready", "failed"
     return "ready", "succeeded"
 
 

@@ -12,6 +12,12 @@ Streaming is optional: a backend that yields tokens as it produces them offers
 ``generate_stream(prompt, max_tokens)``, an iterator of :class:`Piece`; :func:`stream` uses
 it when present and otherwise turns one ``generate`` into a single piece, so any backend
 can answer a streaming request (its client then sees the whole text at once).
+
+So is ``first_token(variant)``: one token from the live model without a user's prompt, for
+warm-up and the check after a transition. A backend whose tokenizer may encode a short
+text to nothing (a checkpoint's own tokenizer) starts it from a token id; :func:`first_token`
+otherwise generates one token from :data:`PROBE_PROMPT`, which a byte-level backend always
+encodes.
 """
 
 from __future__ import annotations
@@ -103,6 +109,18 @@ def stream(backend: Backend, prompt: str, max_tokens: int) -> Iterator[Piece]:
         return
     out = backend.generate(prompt, max_tokens)
     yield Piece(list(out.tokens), out.text, out.prompt_tokens)
+
+
+PROBE_PROMPT = "\n"
+
+
+def first_token(backend: Backend, variant: str | None = None) -> Output:
+    """One token from the live model (see the module docstring): the backend's own
+    ``first_token`` when it has one, else ``generate`` on :data:`PROBE_PROMPT`."""
+    own = getattr(backend, "first_token", None)
+    if own is not None:
+        return own(variant)
+    return backend.generate(PROBE_PROMPT, 1, variant)
 
 
 def apply_and_advance(backend, store: inplace.RowStore, update: StagedUpdate, verify_chunks: bool) -> ApplyReport:

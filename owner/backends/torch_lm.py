@@ -12,12 +12,15 @@ architecture, a config that does not match the tensors or missing tokenizer file
 clear :class:`BackendError`\\ s at load, so the owner never becomes ready on them.
 
 Generation is ``model.generate(do_sample=False)``: greedy and deterministic, the same
-call a user would make on the same checkpoint. In place (B2) goes through the shared
-admission and journal (:mod:`owner.admission`, :mod:`owner.inplace`) over the live
-parameters (:class:`owner.torch_weights.LiveWeights`). A reload whose target has the
-same graph digest (the config files) keeps the module and copies the new tensors into
-its parameters; otherwise it builds a new one. torch is imported here only, so without
-the ``torch`` extra the backend is :class:`BackendUnavailable` and nothing else changes.
+call a user would make on the same checkpoint. The first-token check (warm-up, and after a
+transition) starts from a token id, not from text: the model's BOS (or EOS, or 0), since a
+checkpoint's tokenizer may encode a short text to no tokens and may add no BOS (GPT-2's).
+In place (B2) goes through the shared admission and journal (:mod:`owner.admission`,
+:mod:`owner.inplace`) over the live parameters (:class:`owner.torch_weights.LiveWeights`),
+for rows held in their file's dtype (BF16, F16 or F32). A reload whose target has the same
+graph digest (the config files) keeps the module and copies the new tensors into its
+parameters; otherwise it builds a new one. torch is imported here only, so without the
+``torch`` extra the backend is :class:`BackendUnavailable` and nothing else changes.
 """
 
 from __future__ import annotations
@@ -206,6 +209,32 @@ class TorchBackend:
         tokens = out[0, n:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Output(tokens, text, (first.at or time.perf_counter()) - t0, prompt_tokens=n)
+
+    def first_token(self, variant: str | None = None) -> Output:
+        """One greedy token after :meth:`start_token`, whatever the tokenizer makes of text."""
+        if variant not in (None, VARIANT):
+            raise BackendError(f"no variant named {variant!r} (the torch backend has {VARIANT!r})")
+        if self.model is None:
+            raise BackendError("no model is loaded")
+        ids = torch.tensor([[self.start_token()]], device=self.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      max_new_tokens=1, do_sample=False)
+        tokens = out[0, 1:].tolist()
+        return Output(tokens, self.tokenizer.decode(tokens), time.perf_counter() - t0, prompt_tokens=1)
+
+    def start_token(self) -> int:
+        """A token id to generate from without text: the model's BOS, else its EOS (from the
+        generation config, the config, then the tokenizer), else 0."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for attr in ("bos_token_id", "eos_token_id"):
+            for holder in (self.model.generation_config, self.model.config, self.tokenizer):
+                value = getattr(holder, attr, None)
+                value = value[0] if isinstance(value, (list, tuple)) and value else value
+                if isinstance(value, int) and 0 <= value < vocab:
+                    return value
+        return 0
 
     def generate_stream(self, prompt: str, max_tokens: int) -> Iterator[Piece]:
         """The same greedy ``generate``, run on a thread that hands over each new token; a

@@ -2,6 +2,7 @@
 graph compilation checks, BF16 widening and the backend registry."""
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -18,7 +19,7 @@ from owner.decoder import bf16_to_f32
 from owner.graph import GraphError, LayoutChanged, compile_graph
 from owner.admission import plan_ranges
 from owner.inplace import ChangedRange, NeedsReload
-from owner.safetensors_layout import LayoutError, parse_layout
+from owner.safetensors_layout import DTYPE_BYTES, LayoutError, parse_layout
 
 H = "0" * 64
 
@@ -84,6 +85,101 @@ def test_bad_layouts_are_rejected(mangle, message):
     data = mangle(safetensors_bytes([("a", [2, 3])]))
     with pytest.raises(LayoutError, match=message):
         parse_layout(data, len(data))
+
+
+def safetensors_of(tensors):
+    """A safetensors file of (name, dtype, bit patterns) in the order given, its header
+    padded to 8 bytes as safetensors pads it."""
+    doc, off = {}, 0
+    for name, dtype, bits in tensors:
+        doc[name] = {"dtype": dtype, "shape": list(bits.shape), "data_offsets": [off, off + bits.nbytes]}
+        off += bits.nbytes
+    raw = json.dumps(doc).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"".join(bits.tobytes() for _, _, bits in tensors)
+
+
+class ArrayRows:
+    """A RowStore over tensors held as numpy bit patterns of their file dtype's width."""
+
+    def __init__(self, rev):
+        data = (rev.dir / "model.safetensors").read_bytes()
+        self._layouts = {"model.safetensors": parse_layout(data, len(data))}
+        self.bits = {s.name: np.frombuffer(data[s.start:s.end], f"u{DTYPE_BYTES[s.dtype]}").reshape(s.shape).copy()
+                     for s in self._layouts["model.safetensors"].tensors}
+
+    def layouts(self):
+        return self._layouts
+
+    def tensor_bytes(self, name, start, end):
+        return self.bits[name].tobytes()[start:end]
+
+    def live_bits(self, name):
+        return self.bits[name]
+
+    def read_rows(self, name, rows):
+        return self.bits[name][rows]
+
+    def write_rows(self, name, rows, values):
+        self.bits[name][rows] = values
+
+    def release_staged(self, update):
+        update.patches = []
+
+
+@pytest.mark.parametrize("f32_first", [True, False])
+def test_f32_rows_are_staged_and_applied_as_their_bits_unless_the_tensor_starts_misaligned(tmp_path, f32_first):
+    from bundle.scan import build_manifest, write_manifest
+    from owner.admission import stage
+    from owner.inplace import apply, rebuild_range
+    from owner.revisions import open_revision
+    from testkit.local_volume import stage_revision
+
+    rng = np.random.default_rng(0)
+    head = rng.standard_normal((8, 512)).astype(np.float32).view(np.uint32)  # rows of 2 KiB
+    edited = head.copy()
+    edited[[1, 2, 6]] = rng.standard_normal((3, 512)).astype(np.float32).view(np.uint32)
+    norm = rng.standard_normal(3).astype(np.float16).view(np.uint16)  # 6 bytes: what follows is misaligned
+    digests = []
+    for name, rows in (("base", head), ("target", edited)):
+        tensors = [("lm_head.weight", "F32", rows), ("model.norm.weight", "F16", norm)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(safetensors_of(tensors if f32_first else tensors[::-1]))
+        write_manifest(tmp_path / name, build_manifest(tmp_path / name, chunk_size=4096))
+        digests.append(stage_revision(tmp_path / "vol", tmp_path / name, make_current=name == "base"))
+    base, target = (open_revision(tmp_path / "vol", d) for d in digests)
+    store = ArrayRows(base)
+    if not f32_first:
+        with pytest.raises(NeedsReload, match="lm_head.weight .*F32 values do not start on 4-byte boundaries"):
+            stage(store, base.manifest, target)
+        return
+    update = stage(store, base.manifest, target)
+    staged = [(p.name, p.rows.tolist(), p.new.dtype) for p in update.patches]
+    assert staged == [("lm_head.weight", [1, 2, 6], np.uint32)]
+    assert apply(store, update, verify_chunks=True).rows == 3
+    layout, want = store.layouts()["model.safetensors"], (target.dir / "model.safetensors").read_bytes()
+    assert rebuild_range(store, layout, 0, len(want)) == want
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda t: t.update(a=("F16", t["a"][1])), "tensor a changes dtype from BF16 to F16"),
+    (lambda t: t.update(a=("BF16", t["a"][1].reshape(3, 2))), r"tensor a changes shape from \[2, 3\] to \[3, 2\]"),
+    (lambda t: t.pop("b"), "tensor b is not in the target"),
+    (lambda t: t.update(c=("BF16", np.zeros(1, np.uint16))), "tensor c is new in the target"),
+    (lambda t: t.update(a=t.pop("a")), "tensor (a|b) moves within the file"),
+])
+def test_a_layout_change_is_told_by_its_first_differing_tensor(change, words):
+    from owner.safetensors_layout import first_difference
+
+    def layout(tensors):
+        data = safetensors_of([(n, dtype, bits) for n, (dtype, bits) in tensors.items()])
+        return parse_layout(data, len(data))
+
+    tensors = {"a": ("BF16", np.arange(6, dtype=np.uint16).reshape(2, 3)), "b": ("BF16", np.ones(4, np.uint16))}
+    live = layout(tensors)
+    change(tensors)
+    assert re.fullmatch(words, first_difference(live, layout(tensors)))
+    assert first_difference(live, live) == "the layouts are the same"
 
 
 def test_bf16_widening_is_exact_and_the_high_half_words_give_the_bits_back():
