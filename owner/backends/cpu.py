@@ -149,9 +149,16 @@ class CpuBackend:
         return [v.name for v in self.graph.variants] if self.graph else []
 
     def generate(self, prompt: str, max_tokens: int, variant: str | None = None) -> Output:
+        return self._generate(self.tokenizer.encode(prompt), max_tokens, variant)
+
+    def first_token(self, variant: str | None = None) -> Output:
+        """One token after token 0, whatever the tokenizer makes of text (the cpu format
+        has no BOS; a words tokenizer encodes a newline to no token)."""
+        return self._generate([0], 1, variant)
+
+    def _generate(self, tokens: list[int], max_tokens: int, variant: str | None) -> Output:
         if self.decoder is None:
             raise BackendError("no model is loaded")
-        tokens = self.tokenizer.encode(prompt)
         chosen = None
         if variant is not None:
             chosen = next((v for v in self.graph.variants if v.name == variant), None)
@@ -161,8 +168,8 @@ class CpuBackend:
             gen = self.decoder.generate(tokens, max_tokens, chosen)
         except (ValueError, GraphError) as e:
             raise BackendError(str(e)) from None
-        text = self.tokenizer.decode(gen.tokens)
-        return Output(gen.tokens, text, gen.first_token_seconds, gen.logits, len(tokens))
+        return Output(gen.tokens, self.tokenizer.decode(gen.tokens), gen.first_token_seconds, gen.logits,
+                      len(tokens))
 
     def generate_stream(self, prompt: str, max_tokens: int) -> Iterator[Piece]:
         """One piece per generated token (:meth:`Tokenizer.pieces`), so the pieces' texts

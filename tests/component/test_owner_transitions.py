@@ -92,9 +92,9 @@ class CountingCpuBackend(CpuBackend):
         super().__init__()
         self.ran = []
 
-    def generate(self, prompt, max_tokens, variant=None):
+    def _generate(self, tokens, max_tokens, variant):   # under generate and first_token
         self.ran.append(variant)
-        return super().generate(prompt, max_tokens, variant)
+        return super()._generate(tokens, max_tokens, variant)
 
 
 @pytest.fixture(scope="module")
