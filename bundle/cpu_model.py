@@ -7,7 +7,9 @@ move around. A demo model is generated deterministically from a seed, never down
 - ``config.json``      model hyper-parameters (vocabulary, width, layers, heads, ...);
 - ``graph.json``       the execution graph the runtime compiles: per-layer ops and the
                        serving variants (batch, sequence length) it prepares for;
-- ``tokenizer.json``   a byte-level tokenizer (256 tokens, one per byte);
+- ``tokenizer.json``   a word-level tokenizer over a fixed list of 256 English words
+                       (:class:`Tokenizer`), so a demo's answers print as words: random
+                       weights choose them, so they make no sense, but they read as text;
 - ``model.safetensors`` BF16 weights, written tensor by tensor in row blocks so a
                        several-GiB model never needs more than one block in memory.
 
@@ -22,12 +24,16 @@ reload that reuses nothing but the weights), and ``whole`` draws entirely new we
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
+import re
 import shutil
 import struct
+import zlib
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -39,6 +45,26 @@ from .model_revisions import (
 VOCAB = 256
 HEAD_DIM = 64
 BLOCK_BYTES = 32 * 1024 * 1024  # rows generated per write, bounded in bytes
+
+# The demo's vocabulary: token i is WORDS[i]. Any list of VOCAB distinct words would do.
+WORDS = tuple("""
+the a of and to in on with from over under near into across after before
+river mountain forest valley garden meadow harbor island desert ocean cloud storm rain snow wind sun
+moon star light shadow morning evening night summer winter spring autumn season year day hour minute
+house door window road bridge tower city village market castle temple library school kitchen table chair
+bread apple honey salt water stone iron glass paper silver gold copper wood clay sand fire
+cat dog horse bird fox wolf bear deer owl fish whale bee ant lion tiger rabbit
+king queen child friend stranger teacher farmer sailor poet painter doctor builder singer dancer soldier traveler
+red blue green yellow white black golden quiet loud bright dark warm cold old young small
+large long short soft hard fast slow happy sad brave gentle wild calm strange simple careful
+runs walks sings builds reads writes carries finds opens closes keeps gives takes makes sees hears
+remembers forgets waits listens dreams wanders climbs swims flies grows falls rises turns watches follows leads
+song story letter map key lamp bell clock mirror ship boat train wheel rope coin ring
+music dance game gift question answer secret promise journey dream memory voice color shape number word
+slowly quickly softly always never often again together alone here there everywhere somewhere today tomorrow yesterday
+one two three four five many few every some all no this that each other another
+is was will can may must has had does did says said goes went comes came
+""".split())
 
 
 # -- shape of the model -------------------------------------------------------------
@@ -119,6 +145,67 @@ def write_weights(path: Path, config: dict, seed: int) -> None:
     os.replace(tmp, path)
 
 
+# -- tokenizer ----------------------------------------------------------------------
+class Tokenizer:
+    """``tokenizer.json`` of the format: ``{"type": "words", "words": [...]}`` (what
+    :func:`make_demo` writes) or ``{"type": "bytes"}`` (one token per UTF-8 byte, as
+    bundles made before the words carry; also the default when a bundle has none).
+
+    Words: a prompt is lower-cased and split into words and single other characters; a
+    word of the list is its index, anything else a stable hash of it (crc32 modulo the
+    list's length), so every prompt encodes and the same prompt always to the same ids.
+    Each generated token prints as a space and its word."""
+
+    def __init__(self, words: tuple[str, ...] | None = None) -> None:
+        self.words = words
+        self._ids = {w: i for i, w in enumerate(words)} if words else {}
+
+    @classmethod
+    def from_json(cls, raw: bytes | None) -> "Tokenizer":
+        """Parse ``tokenizer.json`` (None: the byte tokenizer); raise ValueError if malformed."""
+        if raw is None:
+            return cls()
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"tokenizer.json is not JSON: {e}") from None
+        kind = doc.get("type") if isinstance(doc, dict) else None
+        if kind == "bytes":
+            return cls()
+        if kind == "words":
+            words = doc.get("words")
+            if not isinstance(words, list) or not words or len(words) > VOCAB or \
+                    not all(isinstance(w, str) and w for w in words) or len(set(words)) != len(words):
+                raise ValueError(f"tokenizer.json: 'words' must be 1 to {VOCAB} distinct non-empty strings")
+            return cls(tuple(words))
+        raise ValueError(f"tokenizer.json: unknown type {kind!r} (expected 'words' or 'bytes')")
+
+    def encode(self, text: str) -> list[int]:
+        if self.words is None:
+            return list(text.encode("utf-8"))
+        return [self._ids.get(w, zlib.crc32(w.encode("utf-8")) % len(self.words))
+                for w in re.findall(r"\w+|[^\w\s]", text.lower())]
+
+    def decode(self, tokens: Iterable[int]) -> str:
+        return "".join(text for _, text in self.pieces(tokens))
+
+    def pieces(self, tokens: Iterable[int]) -> Iterator[tuple[int | None, str]]:
+        """``(token, its text)`` for each token, in order; the texts join to :meth:`decode`.
+        Bytes: a multi-byte character's text comes with its last byte, and a dangling tail
+        comes last as ``(None, text)``."""
+        if self.words is not None:
+            n = len(self.words)
+            for t in tokens:
+                yield t, " " + (self.words[t] if t < n else f"<{t}>")
+            return
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for t in tokens:
+            yield t, text.decode(bytes([t]))
+        tail = text.decode(b"", final=True)
+        if tail:
+            yield None, tail
+
+
 # -- bundles ------------------------------------------------------------------------
 def _write_json(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -134,7 +221,7 @@ def make_demo(out_dir: Path | str, size_bytes: int, seed: int = 0,
     config = choose_config(size_bytes)
     _write_json(out / "config.json", config)
     _write_json(out / "graph.json", default_graph(config, variants))
-    _write_json(out / "tokenizer.json", {"type": "bytes", "vocab_size": VOCAB})
+    _write_json(out / "tokenizer.json", {"type": "words", "words": list(WORDS)})
     write_weights(out / WEIGHTS_NAME, config, seed)
     return seal(out, chunk_size)
 

@@ -64,7 +64,7 @@ def show_completion(story: Story, prompt: str, letter: str, facts: DemoFacts) ->
     facts.answers.append((letter, digest))
     detail(f"POST {endpoint}/v1/completions (its ClusterIP {address})\n"
            f"-> {answer['choices'][0]['text']!r} from revision {letter} {digest[:19]}"
-           f"{' (random weights)' if facts.backend == 'cpu' else ''}")
+           f"{' (random weights, so random words)' if facts.backend == 'cpu' else ''}")
 
 
 def owner_uids(story: Story) -> list[str]:

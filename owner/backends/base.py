@@ -15,9 +15,8 @@ can answer a streaming request (its client then sees the whole text at once).
 
 So is ``first_token(variant)``: one token from the live model without a user's prompt, for
 warm-up and the check after a transition. A backend whose tokenizer may encode a short
-text to nothing (a checkpoint's own tokenizer) starts it from a token id; :func:`first_token`
-otherwise generates one token from :data:`PROBE_PROMPT`, which a byte-level backend always
-encodes.
+text to nothing (a checkpoint's own tokenizer, or the cpu demo's words) starts it from a
+token id; :func:`first_token` otherwise generates one token from :data:`PROBE_PROMPT`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from bundle.sources import push
 from bundle.sources.httpserve import BundleServer
 from csi_bridge import mountinfo
 from csi_bridge.server import Bridge, BridgeConfig
+from csi_bridge.publisher import lease_holder, volume_dirname
 from testkit.bridge import CsiClient, cleanup_mounts, make_bundle, publish_request
 
 FILES = {"w.safetensors": bytes(range(256)) * 512, "graph.onnx": b"tenant-a graph" * 50}
@@ -80,7 +81,8 @@ def refused(w, ns, source, pod) -> grpc.RpcError:
         publish(w, ns, source, pod)
     t = w.tmp / "kubelet" / "pods" / pod / "mount"
     assert not t.exists() and mountinfo.mount_at(t) is None
-    assert not any(l.holder.endswith(pod) for l in w.bridge.store.leases())
+    holder = lease_holder(volume_dirname(f"csi-{pod}", str(t)))   # this publish's lease, had it taken one
+    assert holder not in {l.holder for l in w.bridge.store.leases()}
     return e.value
 
 
@@ -89,6 +91,7 @@ def test_a_copied_digest_needs_a_source_that_really_serves_it(world):
     a = publish(w, "team-a", w.servers["a"].url, "a1")
     assert (a / "current" / "graph.onnx").read_bytes() == FILES["graph.onnx"]
     assert w.bridge.store.has_revision(w.digest)
+    assert lease_holder(volume_dirname("csi-a1", str(a))) in {l.holder for l in w.bridge.store.leases()}
 
     # B copies the digest. A source that answers D's name with other bytes: refused.
     e = refused(w, "team-b", w.servers["b-bogus"].url, "b1")

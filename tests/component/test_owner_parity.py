@@ -20,7 +20,7 @@ from testkit.local_volume import stage_revision
 from owner.revisions import IntegrityError, open_revision
 
 SIZE = 512 * 1024
-PROMPTS = ["The quick brown fox", "résident", "\n"]
+PROMPTS = ["The quick brown fox", "résident", "?"]   # many tokens, a word outside the vocabulary, one token
 ROWS = {  # name -> make_revision keyword arguments for "rows" revisions
     "all-projections": {"seed": 1, "fraction": 0.01},
     "lm-head": {"seed": 2, "fraction": 0.1, "tensors": ["lm_head.weight"]},
