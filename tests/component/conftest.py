@@ -29,7 +29,7 @@ def short_tmp():
 def s3_endpoint(tmp_path_factory):
     """One real S3-compatible server (SeaweedFS) for the whole session: ``http://127.0.0.1:PORT``.
     Tests make buckets of their own (:func:`s3_bucket`)."""
-    from servers import running_s3
+    from testkit.s3_server import running_s3
     with running_s3(tmp_path_factory.mktemp("s3")) as endpoint:
         yield endpoint
 
@@ -38,7 +38,7 @@ def s3_endpoint(tmp_path_factory):
 def s3_bucket(s3_endpoint):
     """The session's bucket on that server (SeaweedFS gives every bucket volumes of its own,
     so tests share one and keep apart by key prefix: :func:`s3_prefix`)."""
-    from s3_admin import admin_client, make_bucket
+    from testkit.s3_server import admin_client, make_bucket
     make_bucket(admin_client(s3_endpoint), "resident-tests")
     return "resident-tests"
 

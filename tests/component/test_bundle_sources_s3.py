@@ -24,8 +24,7 @@ from bundle.sources.s3 import MIN_PART_SIZE, S3Location, push_s3
 from bundle.store import Store
 from localcluster.processes import free_port
 
-from s3_admin import CREDENTIALS, admin_client
-from servers import S3_DOMAIN
+from testkit.s3_server import CREDENTIALS, S3_DOMAIN, admin_client
 
 CHUNK = 64 * 1024
 FAST = RetryPolicy(attempts=2, backoff_seconds=0.01, connect_timeout_seconds=2, read_timeout_seconds=5)
