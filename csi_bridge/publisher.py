@@ -22,6 +22,11 @@ Unpublish marks the record ``unpublishing``, unmounts, removes the target and th
 directory, releases exactly that publication's lease and deletes the record. An unknown
 volume or an absent target answers OK. Leases are released only here, never on an error
 path.
+
+Every read of the source for a publish (the fetch, the proof) uses the credentials that
+publish brought (its ``secrets``); a publish that succeeds or is confirmed leaves them
+with the volume for later deliveries into it (:mod:`csi_bridge.volume_credentials`), and
+unpublish drops them.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from .metrics import BridgeMetrics
 from .possession import NotProven, Possession
 from .state import BridgeState, Publication
 from .status import CsiError, from_bundle_error
+from .volume_credentials import VolumeCredentials
 
 log = logging.getLogger("resident.bridge.publish")
 STALL_SECONDS = 30.0  # a fetch with no byte for this long (or the call's wait) is stalled
@@ -65,7 +71,8 @@ class Publisher:
         self.store, self.state, self.authorizer = store, state, authorizer
         self.volumes_root = Path(volumes_root)
         self.metrics, self.locks = metrics, locks
-        self.open_source = open_source
+        self.open_source = open_source    # open_source(uri, credentials=...): a bundle.sources.Source
+        self.credentials = VolumeCredentials()
         self.possession = Possession(state, open_source, protected_dirs)
         self.fetches = Fetches(self._materialize)
         self.gc_guard = threading.Lock()  # replaced by the Collector's guard when GC runs
@@ -75,6 +82,7 @@ class Publisher:
     def publish(self, args: PublishArgs, wait_seconds: float) -> str:
         """Publish or confirm; returns 'published', 'confirmed' or 'repaired'. Raises CsiError."""
         result = self._publish(args, wait_seconds)
+        self.credentials.remember(args.target_path, args.credentials)
         if result == "published":
             self.collect()  # the new revision is leased; older unleased ones may have to go
         return result
@@ -172,7 +180,7 @@ class Publisher:
             if before_fetch and not self.store.has_revision(digest):
                 self.possession.refuse_protected(args.bundle.source, digest)
                 return
-            self.possession.prove(ns, args.bundle.source, digest)
+            self.possession.prove(ns, args.bundle.source, digest, args.credentials)
         except NotProven as e:
             raise CsiError(grpc.StatusCode.PERMISSION_DENIED,
                            f"namespace {ns!r} may not mount {digest}: {e}; a digest alone "
@@ -182,7 +190,7 @@ class Publisher:
         digest = args.bundle.digest
         if self.store.has_revision(digest):
             return
-        job = self.fetches.start(digest, args.bundle.source)
+        job = self.fetches.start(digest, args.bundle.source, args.credentials)
         if self.fetches.wait(job, wait_seconds):
             if job.error is not None:
                 raise failure_of(job)
@@ -201,7 +209,7 @@ class Publisher:
 
     def _materialize(self, job: Fetch):
         try:
-            source = self.open_source(job.source)
+            source = self.open_source(job.source, credentials=job.credentials)
             try:
                 manifest = source.fetch_manifest(job.digest)
                 job.bytes_total = manifest.total_bytes
@@ -252,6 +260,7 @@ class Publisher:
             raise CsiError(grpc.StatusCode.INTERNAL, f"unpublishing {target}: {e}") from None
         self.store.release_lease(lease_holder(vdir))
         self.state.delete_publication(rec.target_path)
+        self.credentials.forget(rec.target_path)
 
     # -- stats -------------------------------------------------------------------------
     def usage(self, volume_id: str, volume_path: str) -> tuple[os.statvfs_result, int, str]:
