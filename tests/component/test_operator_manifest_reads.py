@@ -55,3 +55,21 @@ def test_an_s3_manifest_is_read_with_the_models_credentials_and_kept_for_them(
     with pytest.raises(SourceProblem) as e:   # a digest the prefix does not hold
         fetch_manifest(source, "sha256:" + "0" * 64, CREDENTIALS)
     assert e.value.blocker.reason == "SourceUnavailable" and "no such key" in e.value.blocker.message
+
+
+def test_the_outage_probe_of_an_s3_source_is_its_endpoint_answering_without_credentials(s3_endpoint):
+    import asyncio
+
+    import aiohttp
+
+    from localcluster.processes import free_port
+    from resident_operator.driver import _probe_once
+    from resident_operator.source_probes import source_key
+
+    async def probe(uri):
+        async with aiohttp.ClientSession() as session:
+            return await _probe_once(session, source_key(uri) + "/")
+
+    assert source_key(f"s3://any-bucket/x?endpoint={s3_endpoint}") == s3_endpoint
+    assert asyncio.run(probe(f"s3://any-bucket/x?endpoint={s3_endpoint}")) is None   # a 403 answers
+    assert asyncio.run(probe(f"s3://any-bucket/x?endpoint=http://127.0.0.1:{free_port()}")) is not None
