@@ -50,6 +50,7 @@ def running_s3(work: Path, timeout: float = 60.0):
     ``http://127.0.0.1:PORT`` once it answers."""
     ports = {name: free_port() for name in (
         "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")}
+    work.mkdir(parents=True, exist_ok=True)
     identities = work / "s3-identities.json"
     identities.write_text(json.dumps({"identities": [{
         "name": "tester", "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],

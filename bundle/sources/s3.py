@@ -252,9 +252,10 @@ class S3Bucket:
         message = str(error.get("Message") or "").strip()
         said = f"{code}: {message}" if message and message != code else (code or f"HTTP {status}")
         obj = self.loc.url(key)
+        action = "".join(word.capitalize() for word in operation.split("_"))   # GetObject
         if code in DENIED_CODES or status in (401, 403):
             return AccessDenied(f"AccessDenied: s3 bucket {self.loc.bucket!r} at {self.loc.where} "
-                                f"refused {operation} of {obj} ({said}); check the credentials "
+                                f"refused {action} of {obj} ({said}); check the credentials "
                                 "(spec.bundle.credentialsSecret) and the bucket's policy")
         if code == "NoSuchBucket":
             return ObjectMissing(f"{obj}: bucket {self.loc.bucket!r} does not exist at "
