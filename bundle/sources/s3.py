@@ -205,8 +205,9 @@ def make_client(loc: S3Location, credentials: SourceCredentials | None, policy: 
     if credentials is not None:
         missing = [k for k in (S3_ACCESS_KEY, S3_SECRET_KEY) if not credentials.get(k)]
         if missing:
-            raise AccessDenied(f"s3 bucket {loc.bucket!r} at {loc.where}: the credentials lack "
-                               f"{' and '.join(missing)} (present: {', '.join(sorted(credentials)) or 'none'})")
+            raise AccessDenied(f"AccessDenied: s3 bucket {loc.bucket!r} at {loc.where}: the "
+                               f"credentials lack {' and '.join(missing)} "
+                               f"(present: {', '.join(sorted(credentials)) or 'none'})")
         keys = {"aws_access_key_id": credentials[S3_ACCESS_KEY],
                 "aws_secret_access_key": credentials[S3_SECRET_KEY],
                 "aws_session_token": credentials.get(S3_SESSION_TOKEN) or None}

@@ -81,7 +81,8 @@ def test_a_volume_is_published_from_s3_with_its_secrets_and_staged_with_them_too
     assert secret.decode() not in caplog.text
 
 
-@pytest.mark.parametrize("secrets", [WRONG, {}], ids=["wrong-secret", "no-secret"])
+@pytest.mark.parametrize("secrets", [WRONG, {}, {"AWS_ACCESS_KEY_ID": SECRETS["AWS_ACCESS_KEY_ID"]}],
+                         ids=["wrong-secret", "no-secret", "lacking-a-key"])
 def test_a_publish_whose_credentials_are_refused_is_permission_denied_naming_the_bucket(world, secrets):
     target = world.tmp / "pod" / "mount"
     with pytest.raises(grpc.RpcError) as e:
