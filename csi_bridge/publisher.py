@@ -88,48 +88,69 @@ class Publisher:
         return result
 
     def _publish(self, args: PublishArgs, wait_seconds: float) -> str:
-        with self.locks.hold(f"volume {args.volume_id}", f"target {args.target_path}"):
-            rec = self.state.publication(args.target_path)
-            if rec is not None and rec.state == "unpublishing":
-                self.finish_unpublish(rec)  # an interrupted unpublish is finished first
-                rec = None
-            if rec is not None:
-                if (rec.volume_id, rec.digest) != (args.volume_id, args.bundle.digest):
-                    raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
-                                   f"target {args.target_path} already holds volume {rec.volume_id} "
-                                   f"with bundle {rec.digest}; refusing volume {args.volume_id} "
-                                   f"with bundle {args.bundle.digest}")
-                if rec.state == "published" and self._mount_intact(rec):
-                    return "confirmed"
-            else:
-                if mountinfo.mount_at(args.target_path) is not None:
-                    raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
-                                   f"target {args.target_path} is already a mount point the bridge "
-                                   "did not make")
-                try:
-                    self.authorizer.authorize(args.pod, args.bundle)
-                except Denied as e:
-                    raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
-                self._prove(args, before_fetch=True)
-            self._materialized(args, wait_seconds)
-            if rec is None:   # a new publication: its own source served what the store holds
-                self._prove(args)
-            with self.gc_guard:  # no GC between "the revision is there" and "it is leased"
-                if not self.store.has_revision(args.bundle.digest):
-                    raise CsiError(grpc.StatusCode.ABORTED,
-                                   f"{args.bundle.digest} was collected before it could be "
-                                   "leased; retry to fetch it again")
-                if rec is None:
-                    vdir = self.volumes_root / volume_dirname(args.volume_id, args.target_path)
-                    rec = self.state.put_publication(Publication(
-                        target_path=args.target_path, volume_id=args.volume_id,
-                        volume_dir=str(vdir), digest=args.bundle.digest,
-                        source=args.bundle.source, model=args.bundle.model,
-                        pod_uid=args.pod.uid, pod_namespace=args.pod.namespace,
-                        pod_name=args.pod.name, state="publishing"))
-                self.store.acquire_lease(lease_holder(rec.volume_dir), rec.digest)
-            self.complete(rec)
-            return "published" if rec.state == "publishing" else "repaired"
+        try:
+            held = self.locks.hold(f"volume {args.volume_id}", f"target {args.target_path}")
+            held.__enter__()
+        except CsiError:
+            # kubelet publishes mounted volumes again about once a minute (requiresRepublish);
+            # one that arrives while a delivery stages into the volume is confirmed, not
+            # ABORTED, which kubelet would report as a FailedMount of a running Pod
+            if self._published_as_asked(args):
+                return "confirmed"
+            raise
+        try:
+            return self._publish_held(args, wait_seconds)
+        finally:
+            held.__exit__(None, None, None)
+
+    def _published_as_asked(self, args: PublishArgs) -> bool:
+        rec = self.state.publication(args.target_path)
+        return (rec is not None and rec.state == "published"
+                and (rec.volume_id, rec.digest) == (args.volume_id, args.bundle.digest)
+                and self._mount_intact(rec))
+
+    def _publish_held(self, args: PublishArgs, wait_seconds: float) -> str:
+        rec = self.state.publication(args.target_path)
+        if rec is not None and rec.state == "unpublishing":
+            self.finish_unpublish(rec)  # an interrupted unpublish is finished first
+            rec = None
+        if rec is not None:
+            if (rec.volume_id, rec.digest) != (args.volume_id, args.bundle.digest):
+                raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"target {args.target_path} already holds volume {rec.volume_id} "
+                               f"with bundle {rec.digest}; refusing volume {args.volume_id} "
+                               f"with bundle {args.bundle.digest}")
+            if rec.state == "published" and self._mount_intact(rec):
+                return "confirmed"
+        else:
+            if mountinfo.mount_at(args.target_path) is not None:
+                raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"target {args.target_path} is already a mount point the bridge "
+                               "did not make")
+            try:
+                self.authorizer.authorize(args.pod, args.bundle)
+            except Denied as e:
+                raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
+            self._prove(args, before_fetch=True)
+        self._materialized(args, wait_seconds)
+        if rec is None:   # a new publication: its own source served what the store holds
+            self._prove(args)
+        with self.gc_guard:  # no GC between "the revision is there" and "it is leased"
+            if not self.store.has_revision(args.bundle.digest):
+                raise CsiError(grpc.StatusCode.ABORTED,
+                               f"{args.bundle.digest} was collected before it could be "
+                               "leased; retry to fetch it again")
+            if rec is None:
+                vdir = self.volumes_root / volume_dirname(args.volume_id, args.target_path)
+                rec = self.state.put_publication(Publication(
+                    target_path=args.target_path, volume_id=args.volume_id,
+                    volume_dir=str(vdir), digest=args.bundle.digest,
+                    source=args.bundle.source, model=args.bundle.model,
+                    pod_uid=args.pod.uid, pod_namespace=args.pod.namespace,
+                    pod_name=args.pod.name, state="publishing"))
+            self.store.acquire_lease(lease_holder(rec.volume_dir), rec.digest)
+        self.complete(rec)
+        return "published" if rec.state == "publishing" else "repaired"
 
     def complete(self, rec: Publication) -> None:
         """Steps 4-7 for a recorded publication; idempotent, used by publish and reconcile."""
