@@ -146,9 +146,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_push(args: argparse.Namespace) -> int:
     from . import sources
+    from .sources.credentials import from_environment
     m = read_manifest(args.dir)
     with progress_bar(args, m.total_bytes, f"pushing to {args.target}") as cb:
-        digest = sources.push(Path(args.dir), args.target, progress=cb)
+        digest = sources.push(Path(args.dir), args.target, progress=cb,
+                              credentials=from_environment())
     print(f"{digest}\n  pushed to {args.target}")
     return 0
 
@@ -206,9 +208,10 @@ def cmd_serve_demo(args: argparse.Namespace) -> int:
 
 def cmd_materialize(args: argparse.Namespace) -> int:
     from .sources import open_source
+    from .sources.credentials import from_environment
     from .store import Store
     store = Store(args.store)
-    source = open_source(args.source)
+    source = open_source(args.source, credentials=from_environment())
     manifest = source.fetch_manifest(args.digest)
     with progress_bar(args, manifest.total_bytes, f"materializing {args.digest[:19]}") as cb:
         res = store.materialize(manifest, source, donor=args.donor, mode=args.mode,
@@ -271,7 +274,9 @@ def parser() -> argparse.ArgumentParser:
                     help="predict writes for a filesystem without reflink (clones are copied)")
     sp.add_argument("--json", action="store_true", help="print the plan as status JSON")
 
-    sp = add("push", cmd_push, "publish a built bundle to file:///dir, http(s)://… or oci://…")
+    sp = add("push", cmd_push, "publish a built bundle to file:///dir, http(s)://…, oci://… or "
+             "s3://bucket/prefix (signed with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+             "[/AWS_SESSION_TOKEN] from the environment, else anonymous)")
     sp.add_argument("dir")
     sp.add_argument("target")
 
@@ -298,7 +303,7 @@ def parser() -> argparse.ArgumentParser:
     sp = add("materialize", cmd_materialize,
              "fetch a bundle into a node content store (what the bridge does on publish)")
     sp.add_argument("--store", required=True, help="store directory")
-    sp.add_argument("source", help="source URI (file://, http(s)://, oci://)")
+    sp.add_argument("source", help="source URI (file://, http(s)://, oci://, s3://)")
     sp.add_argument("digest", help="bundle digest sha256:…")
     sp.add_argument("--donor", help="a revision in the store to rebase on")
     plan_options(sp)

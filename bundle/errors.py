@@ -9,6 +9,8 @@ gone" from "the disk is full" without parsing messages:
   or truncated source). Nothing built from them is ever published.
 - :class:`SourceUnavailable`: the source could not be reached or does not hold the
   requested manifest or file. Retrying later may help.
+- :class:`AccessDenied` (a SourceUnavailable): the source refused the credentials it was
+  given, or none were given where it needs some. Fixing the credentials helps.
 - :class:`StoreFull`: the store's filesystem ran out of space (ENOSPC) while writing.
   The partial work is removed; GC or a larger volume may help.
 - :class:`ManifestError` (re-exported): a manifest or bundle directory is not acceptable.
@@ -20,7 +22,7 @@ from __future__ import annotations
 from .manifest import ManifestError
 
 __all__ = [
-    "BundleError", "IntegrityMismatch", "SourceUnavailable", "StoreFull", "ManifestError",
+    "BundleError", "IntegrityMismatch", "SourceUnavailable", "AccessDenied", "StoreFull", "ManifestError",
     "PlanError", "StoreError",
 ]
 
@@ -52,6 +54,11 @@ class IntegrityMismatch(BundleError):
 
 class SourceUnavailable(BundleError):
     """A source cannot be reached or does not hold what was asked for."""
+
+
+class AccessDenied(SourceUnavailable):
+    """The source refused access with the credentials it was opened with (wrong or
+    incomplete ones, or none); the message names the place (an S3 bucket and endpoint)."""
 
 
 class StoreFull(BundleError):

@@ -27,7 +27,9 @@ import statistics
 from urllib.parse import unquote, urlsplit
 
 from .catalog import Catalog, now_ns
+from .manifest import ManifestError
 from .materialize import Tally
+from .sources.s3 import S3Location
 
 __all__ = ["source_key", "record", "estimate", "record_tally", "estimates", "COPY_KEY",
            "MIN_SAMPLE_BYTES", "KEEP"]
@@ -43,10 +45,18 @@ def source_key(uri: str | None) -> str | None:
 
     Never credentials, query or fragment. ``file:///a/b/rev`` → ``file:///a/b`` (a
     directory holds one bundle; its parent holds the revisions); ``http(s)://h/base`` →
-    the base; ``oci://h/repo:tag`` → ``oci://h/repo``. None for anything else.
+    the base; ``oci://h/repo:tag`` → ``oci://h/repo``; ``s3://bucket/prefix?endpoint=E``
+    → ``s3://bucket/prefix`` at the store (``@E``, or ``@aws:<region>``), since one bucket
+    name on two servers is two places. None for anything else.
     """
     if not isinstance(uri, str):
         return None
+    if uri.startswith("s3://"):
+        try:
+            loc = S3Location.parse(uri)
+        except ManifestError:
+            return None
+        return f"s3://{loc.bucket}/{loc.prefix}".rstrip("/") + f"@{loc.endpoint or 'aws:' + loc.region}"
     try:
         parts = urlsplit(uri)
         host, port = parts.hostname or "", parts.port

@@ -6,7 +6,9 @@ matters: the fields CSI marks required (``volume_id``, ``target_path``,
 ``volume_capability``) are checked first, then what this driver adds: only mount (not
 block) volumes, only read-only publishes, and ``volumeAttributes`` that name a bundle
 (``digest``, ``source``, optionally ``model``). Pod information from ``podInfoOnMount``
-is carried along for authorization.
+is carried along for authorization, and the publish ``secrets`` (the data of the Secret
+the Pod's volume names in ``nodePublishSecretRef``) as the source's credentials, which
+never appear in a message or a log line.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import posixpath
 import re
 
 import grpc
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from bundle.manifest import DIGEST_RE
+from bundle.sources import SourceCredentials
 from .proto import csi_pb2
 from .status import CsiError
 
-SOURCE_RE = re.compile(r"^(file|https?|oci)://.+")
+SOURCE_RE = re.compile(r"^(file|https?|oci|s3)://.+")
 POD_NAME = "csi.storage.k8s.io/pod.name"
 POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
 POD_UID = "csi.storage.k8s.io/pod.uid"
@@ -53,11 +56,13 @@ class PodRef(BaseModel):
 
 
 class PublishArgs(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     volume_id: str
     target_path: str
     bundle: BundleRef
     pod: PodRef
+    # the publish secrets; None when the volume names no Secret (kubelet sends none)
+    credentials: SourceCredentials | None = Field(default=None, repr=False)
 
 
 class UnpublishArgs(BaseModel):
@@ -140,17 +145,19 @@ def check_publish(req: csi_pb2.NodePublishVolumeRequest) -> PublishArgs:
     if not DIGEST_RE.match(digest):
         raise invalid(f"volumeAttributes.digest {digest[:80]!r} is not sha256:<64 lowercase hex>")
     if not source:
-        raise invalid("volumeAttributes.source is required (file://, http(s):// or oci://)")
+        raise invalid("volumeAttributes.source is required (file://, http(s)://, oci:// or s3://)")
     if not SOURCE_RE.match(source) or len(source) > 2048:
-        raise invalid(f"volumeAttributes.source {source[:80]!r} must be a file://, http(s):// "
-                      "or oci:// URI of at most 2048 characters")
+        raise invalid(f"volumeAttributes.source {source[:80]!r} must be a file://, http(s)://, "
+                      "oci:// or s3:// URI of at most 2048 characters")
     if ctx.get(EPHEMERAL, "true").lower() == "false":
         raise invalid("only inline ephemeral volumes are supported "
                       f"({EPHEMERAL}=false); use a csi inline volume in the Pod spec")
+    secrets = dict(req.secrets)
     return PublishArgs(volume_id=volume_id, target_path=target,
                        bundle=BundleRef(digest=digest, source=source, model=ctx.get("model", "")),
                        pod=PodRef(namespace=ctx.get(POD_NAMESPACE, ""), name=ctx.get(POD_NAME, ""),
-                                  uid=ctx.get(POD_UID, "")))
+                                  uid=ctx.get(POD_UID, "")),
+                       credentials=SourceCredentials(secrets) if secrets else None)
 
 
 def check_unpublish(req: csi_pb2.NodeUnpublishVolumeRequest) -> UnpublishArgs:

@@ -17,10 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from bundle.sources import SourceCredentials
+
+
 @dataclass
 class Fetch:
     digest: str
     source: str
+    credentials: SourceCredentials | None = field(default=None, repr=False)   # of the first caller
     started: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)
     bytes_done: int = 0
@@ -54,11 +58,11 @@ class Fetches:
         self._lock = threading.Lock()
         self._jobs: dict[str, Fetch] = {}
 
-    def start(self, digest: str, source: str) -> Fetch:
+    def start(self, digest: str, source: str, credentials: SourceCredentials | None = None) -> Fetch:
         with self._lock:
             job = self._jobs.get(digest)
             if job is None:
-                job = self._jobs[digest] = Fetch(digest, source)
+                job = self._jobs[digest] = Fetch(digest, source, credentials)
                 threading.Thread(target=self._work, args=(job,), daemon=True,
                                  name=f"fetch-{digest[7:19]}").start()
             return job

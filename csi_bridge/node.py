@@ -51,7 +51,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             if remaining is not None:
                 wait = min(wait, max(0.0, remaining - 5.0))
             result = self.publisher.publish(args, wait)
-            log.info("published", extra={"volume": args.volume_id, "target": args.target_path,
+            # kubelet publishes every mounted volume again about once a minute
+            # (requiresRepublish): a confirmation is not news
+            log.log(logging.DEBUG if result == "confirmed" else logging.INFO, "published", extra={"volume": args.volume_id, "target": args.target_path,
                                          "digest": args.bundle.digest, "phase": result,
                                          "namespace": args.pod.namespace or None})
             return csi_pb2.NodePublishVolumeResponse()

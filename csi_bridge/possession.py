@@ -46,13 +46,16 @@ class Possession:
         # node directories holding every tenant's bundles: no file:// proof from inside them
         self.protected = [os.path.realpath(d) for d in protected_dirs if d is not None]
 
-    def prove(self, namespace: str, source: str, digest: str) -> bool:
-        """Return True if already proven, False if proven now; raise NotProven otherwise."""
+    def prove(self, namespace: str, source: str, digest: str, credentials=None) -> bool:
+        """Return True if already proven, False if proven now; raise NotProven otherwise.
+
+        ``credentials`` are the publishing volume's own (a source that reads them proves
+        only what the namespace's Secret lets it read)."""
         if self.state.proven(namespace, source, digest):
             return True
         self.refuse_protected(source, digest)
         try:
-            src = self.open_source(source)
+            src = self.open_source(source, credentials=credentials)
             try:
                 src.fetch_manifest(digest)  # raises unless the bytes hash to `digest`
             finally:

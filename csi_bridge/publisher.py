@@ -22,6 +22,11 @@ Unpublish marks the record ``unpublishing``, unmounts, removes the target and th
 directory, releases exactly that publication's lease and deletes the record. An unknown
 volume or an absent target answers OK. Leases are released only here, never on an error
 path.
+
+Every read of the source for a publish (the fetch, the proof) uses the credentials that
+publish brought (its ``secrets``); a publish that succeeds or is confirmed leaves them
+with the volume for later deliveries into it (:mod:`csi_bridge.volume_credentials`), and
+unpublish drops them.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from .metrics import BridgeMetrics
 from .possession import NotProven, Possession
 from .state import BridgeState, Publication
 from .status import CsiError, from_bundle_error
+from .volume_credentials import VolumeCredentials
 
 log = logging.getLogger("resident.bridge.publish")
 STALL_SECONDS = 30.0  # a fetch with no byte for this long (or the call's wait) is stalled
@@ -65,7 +71,8 @@ class Publisher:
         self.store, self.state, self.authorizer = store, state, authorizer
         self.volumes_root = Path(volumes_root)
         self.metrics, self.locks = metrics, locks
-        self.open_source = open_source
+        self.open_source = open_source    # open_source(uri, credentials=...): a bundle.sources.Source
+        self.credentials = VolumeCredentials()
         self.possession = Possession(state, open_source, protected_dirs)
         self.fetches = Fetches(self._materialize)
         self.gc_guard = threading.Lock()  # replaced by the Collector's guard when GC runs
@@ -75,53 +82,75 @@ class Publisher:
     def publish(self, args: PublishArgs, wait_seconds: float) -> str:
         """Publish or confirm; returns 'published', 'confirmed' or 'repaired'. Raises CsiError."""
         result = self._publish(args, wait_seconds)
+        self.credentials.remember(args.target_path, args.credentials)
         if result == "published":
             self.collect()  # the new revision is leased; older unleased ones may have to go
         return result
 
     def _publish(self, args: PublishArgs, wait_seconds: float) -> str:
-        with self.locks.hold(f"volume {args.volume_id}", f"target {args.target_path}"):
-            rec = self.state.publication(args.target_path)
-            if rec is not None and rec.state == "unpublishing":
-                self.finish_unpublish(rec)  # an interrupted unpublish is finished first
-                rec = None
-            if rec is not None:
-                if (rec.volume_id, rec.digest) != (args.volume_id, args.bundle.digest):
-                    raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
-                                   f"target {args.target_path} already holds volume {rec.volume_id} "
-                                   f"with bundle {rec.digest}; refusing volume {args.volume_id} "
-                                   f"with bundle {args.bundle.digest}")
-                if rec.state == "published" and self._mount_intact(rec):
-                    return "confirmed"
-            else:
-                if mountinfo.mount_at(args.target_path) is not None:
-                    raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
-                                   f"target {args.target_path} is already a mount point the bridge "
-                                   "did not make")
-                try:
-                    self.authorizer.authorize(args.pod, args.bundle)
-                except Denied as e:
-                    raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
-                self._prove(args, before_fetch=True)
-            self._materialized(args, wait_seconds)
-            if rec is None:   # a new publication: its own source served what the store holds
-                self._prove(args)
-            with self.gc_guard:  # no GC between "the revision is there" and "it is leased"
-                if not self.store.has_revision(args.bundle.digest):
-                    raise CsiError(grpc.StatusCode.ABORTED,
-                                   f"{args.bundle.digest} was collected before it could be "
-                                   "leased; retry to fetch it again")
-                if rec is None:
-                    vdir = self.volumes_root / volume_dirname(args.volume_id, args.target_path)
-                    rec = self.state.put_publication(Publication(
-                        target_path=args.target_path, volume_id=args.volume_id,
-                        volume_dir=str(vdir), digest=args.bundle.digest,
-                        source=args.bundle.source, model=args.bundle.model,
-                        pod_uid=args.pod.uid, pod_namespace=args.pod.namespace,
-                        pod_name=args.pod.name, state="publishing"))
-                self.store.acquire_lease(lease_holder(rec.volume_dir), rec.digest)
-            self.complete(rec)
-            return "published" if rec.state == "publishing" else "repaired"
+        try:
+            held = self.locks.hold(f"volume {args.volume_id}", f"target {args.target_path}")
+            held.__enter__()
+        except CsiError:
+            # kubelet publishes mounted volumes again about once a minute (requiresRepublish);
+            # one that arrives while a delivery stages into the volume is confirmed, not
+            # ABORTED, which kubelet would report as a FailedMount of a running Pod
+            if self._published_as_asked(args):
+                return "confirmed"
+            raise
+        try:
+            return self._publish_held(args, wait_seconds)
+        finally:
+            held.__exit__(None, None, None)
+
+    def _published_as_asked(self, args: PublishArgs) -> bool:
+        rec = self.state.publication(args.target_path)
+        return (rec is not None and rec.state == "published"
+                and (rec.volume_id, rec.digest) == (args.volume_id, args.bundle.digest)
+                and self._mount_intact(rec))
+
+    def _publish_held(self, args: PublishArgs, wait_seconds: float) -> str:
+        rec = self.state.publication(args.target_path)
+        if rec is not None and rec.state == "unpublishing":
+            self.finish_unpublish(rec)  # an interrupted unpublish is finished first
+            rec = None
+        if rec is not None:
+            if (rec.volume_id, rec.digest) != (args.volume_id, args.bundle.digest):
+                raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"target {args.target_path} already holds volume {rec.volume_id} "
+                               f"with bundle {rec.digest}; refusing volume {args.volume_id} "
+                               f"with bundle {args.bundle.digest}")
+            if rec.state == "published" and self._mount_intact(rec):
+                return "confirmed"
+        else:
+            if mountinfo.mount_at(args.target_path) is not None:
+                raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"target {args.target_path} is already a mount point the bridge "
+                               "did not make")
+            try:
+                self.authorizer.authorize(args.pod, args.bundle)
+            except Denied as e:
+                raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
+            self._prove(args, before_fetch=True)
+        self._materialized(args, wait_seconds)
+        if rec is None:   # a new publication: its own source served what the store holds
+            self._prove(args)
+        with self.gc_guard:  # no GC between "the revision is there" and "it is leased"
+            if not self.store.has_revision(args.bundle.digest):
+                raise CsiError(grpc.StatusCode.ABORTED,
+                               f"{args.bundle.digest} was collected before it could be "
+                               "leased; retry to fetch it again")
+            if rec is None:
+                vdir = self.volumes_root / volume_dirname(args.volume_id, args.target_path)
+                rec = self.state.put_publication(Publication(
+                    target_path=args.target_path, volume_id=args.volume_id,
+                    volume_dir=str(vdir), digest=args.bundle.digest,
+                    source=args.bundle.source, model=args.bundle.model,
+                    pod_uid=args.pod.uid, pod_namespace=args.pod.namespace,
+                    pod_name=args.pod.name, state="publishing"))
+            self.store.acquire_lease(lease_holder(rec.volume_dir), rec.digest)
+        self.complete(rec)
+        return "published" if rec.state == "publishing" else "repaired"
 
     def complete(self, rec: Publication) -> None:
         """Steps 4-7 for a recorded publication; idempotent, used by publish and reconcile."""
@@ -172,7 +201,7 @@ class Publisher:
             if before_fetch and not self.store.has_revision(digest):
                 self.possession.refuse_protected(args.bundle.source, digest)
                 return
-            self.possession.prove(ns, args.bundle.source, digest)
+            self.possession.prove(ns, args.bundle.source, digest, args.credentials)
         except NotProven as e:
             raise CsiError(grpc.StatusCode.PERMISSION_DENIED,
                            f"namespace {ns!r} may not mount {digest}: {e}; a digest alone "
@@ -182,7 +211,7 @@ class Publisher:
         digest = args.bundle.digest
         if self.store.has_revision(digest):
             return
-        job = self.fetches.start(digest, args.bundle.source)
+        job = self.fetches.start(digest, args.bundle.source, args.credentials)
         if self.fetches.wait(job, wait_seconds):
             if job.error is not None:
                 raise failure_of(job)
@@ -201,7 +230,7 @@ class Publisher:
 
     def _materialize(self, job: Fetch):
         try:
-            source = self.open_source(job.source)
+            source = self.open_source(job.source, credentials=job.credentials)
             try:
                 manifest = source.fetch_manifest(job.digest)
                 job.bytes_total = manifest.total_bytes
@@ -252,6 +281,7 @@ class Publisher:
             raise CsiError(grpc.StatusCode.INTERNAL, f"unpublishing {target}: {e}") from None
         self.store.release_lease(lease_holder(vdir))
         self.state.delete_publication(rec.target_path)
+        self.credentials.forget(rec.target_path)
 
     # -- stats -------------------------------------------------------------------------
     def usage(self, volume_id: str, volume_path: str) -> tuple[os.statvfs_result, int, str]:

@@ -1,7 +1,8 @@
 """Retrying failed BundleDeliveries: capped exponential backoff, recorded in the status.
 
 A delivery that failed for a reason that can pass (the source down, the store full,
-wrong bytes from the source, an internal error) is staged again after a delay that
+wrong bytes from the source, credentials the source refused, which a rotated Secret
+brings anew with kubelet's next publish, an internal error) is staged again after a delay that
 doubles with each attempt, up to a cap: ``first * 2**(attempts-1)``, at most ``max``.
 The status says so: ``attempts`` (for this generation, the current one included) and
 ``nextAttemptTime``. A delivery whose spec cannot be staged (invalid spec or manifest, a
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-RETRIED_REASONS = frozenset({"SourceUnavailable", "StoreFull", "IntegrityMismatch",
+RETRIED_REASONS = frozenset({"SourceUnavailable", "AccessDenied", "StoreFull", "IntegrityMismatch",
                              "StoreError", "InternalError"})
 
 

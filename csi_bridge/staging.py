@@ -10,7 +10,9 @@ Staging, in order, each step repeatable:
 2. record the delivery ``staging`` and take its lease (holder ``delivery:<uid>``);
 3. materialize X in the store by the requested path, with the donor if the store has it
    (the store reports the method used and any fallback, e.g. rebase refused under
-   ``minReuse`` and done as a reconstruct);
+   ``minReuse`` and done as a reconstruct), reading the source with the credentials the
+   volume's last publish brought (a source that reads credentials waits, Pending, until
+   kubelet has published the volume since the bridge started);
 4. hardlink X into ``<volume>/revisions/`` (whole or not at all) and move ``current``;
 5. verify: every file of X in the volume is the store's verified inode, with its size;
 6. record ``staged`` with the status to report.
@@ -28,8 +30,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bundle.errors import IntegrityMismatch, PlanError, SourceUnavailable, StoreError, StoreFull
+from bundle.errors import (AccessDenied, IntegrityMismatch, PlanError, SourceUnavailable, StoreError,
+                           StoreFull)
 from bundle.manifest import MANIFEST_NAME, ManifestError, revision_dirname
+from bundle.sources import reads_credentials
 from . import checkpoints, volumes
 from .arguments import BundleRef, PodRef
 from .authorization import Denied
@@ -69,7 +73,8 @@ class StageFailed(Exception):
         self.reason, self.message = reason, message
 
 
-REASONS = ((IntegrityMismatch, "IntegrityMismatch"), (SourceUnavailable, "SourceUnavailable"),
+REASONS = ((IntegrityMismatch, "IntegrityMismatch"), (AccessDenied, "AccessDenied"),
+           (SourceUnavailable, "SourceUnavailable"),
            (StoreFull, "StoreFull"), (PlanError, "PlanRefused"), (ManifestError, "InvalidManifest"),
            (StoreError, "StoreError"))
 
@@ -108,6 +113,10 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
     store, state = bridge.store, bridge.state
     pub = find_volume(state, spec)
     authorize(bridge, namespace, spec, pub)
+    credentials = bridge.publisher.credentials
+    if reads_credentials(spec.bundle.source) and not credentials.known(pub.target_path):
+        raise NotYet(f"the credentials of Pod {spec.pod_name}'s volume are not known since the "
+                     "bridge started; waiting for kubelet to publish it again (requiresRepublish)")
     digest = spec.bundle.digest
     try:
         lock = bridge.locks.hold(f"target {pub.target_path}")
@@ -130,7 +139,8 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         if donor and (donor == digest or not store.has_revision(donor)):
             donor = None
         try:
-            source = bridge.publisher.open_source(spec.bundle.source)
+            source = bridge.publisher.open_source(spec.bundle.source,
+                                                  credentials=credentials.of(pub.target_path))
             try:
                 manifest = source.fetch_manifest(digest)
                 res = store.materialize(manifest, source, donor=donor, mode=spec.path,

@@ -6,6 +6,7 @@ map to codes by what the caller can do about them:
 
 | failure                 | code               | why                                          |
 |-------------------------|--------------------|----------------------------------------------|
+| AccessDenied            | PERMISSION_DENIED  | the source refused the volume's credentials   |
 | SourceUnavailable       | UNAVAILABLE        | transient: kubelet retries                    |
 | StoreFull               | RESOURCE_EXHAUSTED | transient once GC or an unpublish frees space |
 | IntegrityMismatch       | DATA_LOSS          | the source's bytes are wrong; nothing is published |
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import grpc
 
-from bundle.errors import IntegrityMismatch, ManifestError, PlanError, SourceUnavailable, StoreFull
+from bundle.errors import (AccessDenied, IntegrityMismatch, ManifestError, PlanError,
+                           SourceUnavailable, StoreFull)
 
 
 class CsiError(Exception):
@@ -31,7 +33,8 @@ class CsiError(Exception):
 
 def from_bundle_error(e: BaseException, what: str) -> CsiError:
     """The CsiError for a failure while delivering ``what`` (a digest, for the message)."""
-    for cls, code in ((SourceUnavailable, grpc.StatusCode.UNAVAILABLE),
+    for cls, code in ((AccessDenied, grpc.StatusCode.PERMISSION_DENIED),
+                      (SourceUnavailable, grpc.StatusCode.UNAVAILABLE),
                       (StoreFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
                       (IntegrityMismatch, grpc.StatusCode.DATA_LOSS),
                       (ManifestError, grpc.StatusCode.FAILED_PRECONDITION),

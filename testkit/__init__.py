@@ -14,5 +14,6 @@ list leaves ``testkit`` out, and no installed package imports it.
 - :mod:`testkit.crash_points`: runs the bridge with one named crash point armed, so a
   test can kill it at an exact step (the production side is ``csi_bridge/checkpoints.py``);
 - :mod:`testkit.local_volume`: a bundle volume laid out on local disk the way the bridge
-  publishes one, for running an owner without the bridge.
+  publishes one, for running an owner without the bridge;
+- :mod:`testkit.s3_server`: a real S3-compatible server (SeaweedFS) on 127.0.0.1.
 """

@@ -49,10 +49,13 @@ def mount_capability(mode=Mode.SINGLE_NODE_WRITER) -> csi_pb2.VolumeCapability:
 
 def publish_request(volume_id: str, target: Path | str, digest: str, source: str, *,
                     namespace: str = "team-a", pod: str = "owner-0", pod_uid: str = "uid-0",
-                    model: str = "m", readonly: bool = True) -> csi_pb2.NodePublishVolumeRequest:
+                    model: str = "m", readonly: bool = True,
+                    secrets: dict[str, str] | None = None) -> csi_pb2.NodePublishVolumeRequest:
+    """What kubelet sends for an inline volume; ``secrets``: the data of the Secret its
+    ``nodePublishSecretRef`` names."""
     return csi_pb2.NodePublishVolumeRequest(
         volume_id=volume_id, target_path=str(target), volume_capability=mount_capability(),
-        readonly=readonly,
+        readonly=readonly, secrets=secrets or {},
         volume_context={"digest": digest, "source": source, "model": model,
                         "csi.storage.k8s.io/pod.name": pod,
                         "csi.storage.k8s.io/pod.namespace": namespace,

@@ -2,7 +2,8 @@
 
 Layers (select one with ``-m``): ``unit`` (pure), ``component`` (real gRPC, mounts,
 SQLite, HTTP on 127.0.0.1), ``cluster`` (a real kube-apiserver started here). The marker
-comes from the folder a test lives in.
+comes from the folder a test lives in. A real S3-compatible server (``s3_endpoint``) is
+started once for every layer that asks for it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,32 @@ def cluster():
                 os.environ.pop("KUBECONFIG", None)
             else:
                 os.environ["KUBECONFIG"] = previous
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """One real S3-compatible server (SeaweedFS, testkit.s3_server) for the whole session:
+    ``http://127.0.0.1:PORT``, shared by the component and cluster tests."""
+    from testkit.s3_server import running_s3
+    with running_s3(tmp_path_factory.mktemp("s3")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(s3_endpoint):
+    """The session's bucket on that server (SeaweedFS gives every bucket volumes of its own,
+    so tests share one and keep apart by key prefix: :func:`s3_prefix`)."""
+    from testkit.s3_server import admin_client, make_bucket
+    make_bucket(admin_client(s3_endpoint), "resident-tests")
+    return "resident-tests"
+
+
+@pytest.fixture
+def s3_prefix(request):
+    """A key prefix of this test's own: ``<test name>-<random>``."""
+    import re
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:60].strip("-")
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture

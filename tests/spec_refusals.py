@@ -91,6 +91,10 @@ REFUSALS = [
             "spec.bundle.source", "an http(s):// source needs a host", "needs a host"),
     Refusal("an oci:// source without a repository", {"bundle": {"source": "oci://registry:5000"}},
             "spec.bundle.source", "needs registry/repository", "registry/repository"),
+    Refusal("an s3:// source with an invalid bucket name", {"bundle": {"source": "s3://My_Models/tiny"}},
+            "spec.bundle.source", "an s3:// source needs a valid bucket name", "not a valid S3 bucket name"),
+    Refusal("credentials for a source that reads none", {"bundle": {"credentialsSecret": "creds"}},
+            "spec.bundle", "only s3:// sources read credentials", "reads no credentials"),
 ]
 
 # Not a validation rule but the resources schema: only requests and limits are declared,
@@ -117,4 +121,8 @@ ACCEPTED = [
                   "bundle": {"source": "https://user@bundles.example:8443/tiny"}}),
     merged(SPEC, {"accelerator": "nvidia.com/gpu", "runtime": {"backend": "vendor-x"},
                   "bundle": {"source": "file://localhost/srv/bundles/tiny"}}),
+    merged(SPEC, {"bundle": {"source": "s3://models.team-a/tiny/v1?endpoint=http://minio.storage:9000"
+                                       "&region=eu-1&addressing=virtual",
+                             "credentialsSecret": "s3-reader.team-a"}}),
+    merged(SPEC, {"bundle": {"source": "s3://models"}}),
 ]

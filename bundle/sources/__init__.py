@@ -1,11 +1,15 @@
 """Bundle sources behind one interface, and ``push`` to the same places.
 
 A *source* is where a node fetches a bundle from; a *push target* is the same place seen
-from the publisher. Three kinds exist, chosen by URI scheme:
+from the publisher. Four kinds exist, chosen by URI scheme:
 
 - ``file:///dir``: a bundle directory as ``resident bundle build`` writes it;
 - ``http(s)://host/base``: a content-addressed layout (``manifests/``, ``blobs/``);
-- ``oci://host/repo[:tag]``: an OCI artifact in a distribution registry.
+- ``oci://host/repo[:tag]``: an OCI artifact in a distribution registry;
+- ``s3://bucket/prefix[?endpoint=…&region=…&addressing=…]``: the http layout in a bucket.
+
+A source that reads credentials (:data:`CREDENTIAL_SCHEMES`) is opened with the data of
+the model's Secret (:class:`SourceCredentials`); the others take none.
 
 Every source verifies a manifest against the digest asked for before parsing it;
 file bytes are handed to the caller raw and verified by the store, or by
@@ -20,47 +24,62 @@ from ..manifest import ManifestError
 from .file import FileSource, push_dir
 from .http import HttpSource, push_http
 from .oci import OciSource, push_oci
+from .credentials import SourceCredentials
 from .publish import Progress, TargetConflict, open_bundle
 from .ranged import RetryPolicy, is_outage
+from .s3 import S3Source, push_s3
 from .source import Source, fetch_verified, verify_manifest
 
 __all__ = ["Source", "open_source", "push", "push_size", "fetch_verified", "verify_manifest", "RetryPolicy",
-           "TargetConflict", "is_outage", "FileSource", "HttpSource", "OciSource", "SCHEMES"]
+           "TargetConflict", "is_outage", "FileSource", "HttpSource", "OciSource", "S3Source",
+           "SourceCredentials", "SCHEMES", "CREDENTIAL_SCHEMES", "reads_credentials"]
 
-SCHEMES = ("file", "http", "https", "oci", "oci+http", "oci+https")
+SCHEMES = ("file", "http", "https", "oci", "oci+http", "oci+https", "s3")
+CREDENTIAL_SCHEMES = ("s3",)   # the schemes that read the model's Secret
 
 
 def _scheme(uri: str) -> str:
     scheme = urlsplit(uri).scheme if isinstance(uri, str) else ""
     if scheme not in SCHEMES:
-        raise ManifestError(f"{uri!r}: unsupported source; use file:///dir, http(s)://host/base "
-                            "or oci://host/repo[:tag]")
+        raise ManifestError(f"{uri!r}: unsupported source; use file:///dir, http(s)://host/base, "
+                            "oci://host/repo[:tag] or s3://bucket/prefix")
     return scheme
 
 
-def open_source(uri: str, policy: RetryPolicy | None = None) -> Source:
-    """The source a URI names (no I/O happens until it is read)."""
+def reads_credentials(uri: str) -> bool:
+    """Whether a source of this URI's scheme is opened with the model's credentials."""
+    return isinstance(uri, str) and urlsplit(uri).scheme in CREDENTIAL_SCHEMES
+
+
+def open_source(uri: str, policy: RetryPolicy | None = None,
+                credentials: SourceCredentials | None = None) -> Source:
+    """The source a URI names (no I/O happens until it is read). ``credentials`` are used
+    by the schemes that read them (:data:`CREDENTIAL_SCHEMES`) and ignored by the others."""
     scheme = _scheme(uri)
     if scheme == "file":
         return FileSource(uri)
     if scheme in ("http", "https"):
         return HttpSource(uri, policy)
+    if scheme == "s3":
+        return S3Source(uri, policy, credentials)
     return OciSource(uri, policy)
 
 
 def push(bundle_dir, target: str, progress: Progress | None = None,
-         policy: RetryPolicy | None = None) -> str:
+         policy: RetryPolicy | None = None, credentials: SourceCredentials | None = None) -> str:
     """Publish a built bundle directory to ``target``; return the bundle digest.
 
     ``progress`` is called with byte counts as file content is sent (or found already
     present at the target): the bundle's size for file://, its distinct content for
-    http and oci, where each sha256 is stored once.
+    http, oci and s3, where each sha256 is stored once. ``credentials`` sign s3 requests.
     """
     scheme = _scheme(target)
     if scheme == "file":
         return push_dir(bundle_dir, target, progress)
     if scheme in ("http", "https"):
         return push_http(bundle_dir, target, progress, policy)
+    if scheme == "s3":
+        return push_s3(bundle_dir, target, progress, policy, credentials)
     return push_oci(bundle_dir, target, progress, policy)
 
 

@@ -1,11 +1,13 @@
 """Resumable HTTP reads: Range GETs that pick up after a dropped connection.
 
-Both network sources (the http layout and OCI registries) read file bytes the same way:
-``GET url`` with ``Range: bytes=a-b``, streamed. When the connection drops, times out or
-the server answers 5xx/429 mid-transfer, the read asks again from the first byte it has
-not yet received, so bytes already handed to the caller are never fetched twice. A read
-gives up only after ``attempts`` consecutive failures without progress, with
-:class:`SourceUnavailable` naming the URL, the last cause and how far it got.
+Every network source (the http layout, OCI registries, S3 buckets) reads file bytes the
+same way: a GET of a byte range, streamed. When the connection drops, times out or the
+server answers 5xx/429 mid-transfer, the read asks again from the first byte it has not
+yet received, so bytes already handed to the caller are never fetched twice. A read gives
+up only after ``attempts`` consecutive failures without progress, with
+:class:`SourceUnavailable` naming the URL, the last cause and how far it got. That loop is
+:func:`read_resumably`; :class:`RangedReader` runs it over plain ``requests`` GETs, and the
+s3 source over botocore's.
 
 A server that ignores Range (answers 200) is read from the start with the leading bytes
 skipped. A server whose object is shorter than the range asked for (416, or a total size
@@ -15,6 +17,7 @@ make it longer. 404/401/403 and other 4xx answers are final at once.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import re
@@ -108,6 +111,59 @@ def final_status(resp: requests.Response, url: str) -> None:
         raise SourceUnavailable(f"{url}: HTTP {code} {resp.reason}")
 
 
+def read_resumably(attempt: Callable[[int, int], Iterator[bytes]], offset: int, length: int,
+                   policy: RetryPolicy, scheme: str, url: str) -> Iterator[bytes]:
+    """Yield exactly the bytes ``[offset, offset+length)``, asking ``attempt`` again after drops.
+
+    ``attempt(pos, end)`` starts one request for ``[pos, end)`` and yields its bytes from
+    ``pos`` on as they arrive (a generator: it is closed when the read stops early). It
+    raises a retryable error (a connection error of ``requests``, :class:`TransientUnavailable`,
+    a 5xx) to have the read resumed, anything else to end it. An attempt that brought bytes
+    is repeated at once; ``policy.attempts`` consecutive ones that brought none give up with
+    :class:`SourceUnavailable` naming ``url``.
+    """
+    pos, end, failures = offset, offset + length, 0
+    while pos < end:
+        attempt_start = pos
+        try:
+            with contextlib.closing(attempt(pos, end)) as blocks:
+                for block in blocks:
+                    block = block[:end - pos]
+                    if not block:
+                        continue
+                    pos += len(block)
+                    FETCHED_BYTES.labels(scheme).inc(len(block))
+                    yield block
+                    if pos >= end:
+                        break
+            if pos < end:
+                raise _Retry("response ended early")
+        except (_Retry, TransientUnavailable, *RETRYABLE) as e:
+            if pos > attempt_start:  # it was delivering: ask again at once
+                failures = 0
+                RETRIES.labels(scheme).inc()
+                log.info("source read resumed", extra={"url": url, "offset": pos,
+                                                       "cause": _describe(e)})
+                continue
+            failures += 1
+            give_up_or_wait(policy, scheme, failures, url, e,
+                            f"{pos - offset} of {length} bytes received")
+
+
+def give_up_or_wait(policy: RetryPolicy, scheme: str, failures: int, url: str,
+                    cause: Exception, progress: str) -> None:
+    """After the ``failures``-th failed attempt: raise SourceUnavailable (from ``cause``)
+    once the policy's attempts are spent, else count a retry and wait the backoff."""
+    where = f", {progress}" if progress else ""
+    if failures >= policy.attempts:
+        raise SourceUnavailable(f"{url}: {_describe(cause)} (gave up after {failures} "
+                                f"attempts{where})") from cause
+    RETRIES.labels(scheme).inc()
+    log.warning("source read failed, retrying", extra={
+        "url": url, "cause": _describe(cause), "attempt": failures})
+    policy.wait(failures)
+
+
 class RangedReader:
     """Streams byte ranges of URLs over one ``requests.Session`` with bounded resumption."""
 
@@ -121,36 +177,17 @@ class RangedReader:
 
         ``path``/``sha256`` name the bundle file, for errors only.
         """
-        pos, end, failures = offset, offset + length, 0
-        while pos < end:
-            attempt_start = pos
-            try:
-                with self.session.get(url, headers={"Range": f"bytes={pos}-{end - 1}"},
-                                      stream=True, timeout=self.policy.timeout) as resp:
-                    skip = self._start(resp, url, pos, end, offset, path, sha256)
-                    for block in _arriving(resp):
-                        if skip:
-                            cut = min(skip, len(block))
-                            block, skip = block[cut:], skip - cut
-                        block = block[:end - pos]
-                        if not block:
-                            continue
-                        pos += len(block)
-                        FETCHED_BYTES.labels(self.scheme).inc(len(block))
-                        yield block
-                        if pos >= end:
-                            break
-                    if pos < end:
-                        raise _Retry("response ended early")
-            except (_Retry, *RETRYABLE) as e:
-                if pos > attempt_start:  # it was delivering: ask again at once
-                    failures = 0
-                    RETRIES.labels(self.scheme).inc()
-                    log.info("source read resumed", extra={"url": url, "offset": pos,
-                                                           "cause": _describe(e)})
-                    continue
-                failures += 1
-                self._give_up_or_wait(failures, url, e, f"{pos - offset} of {length} bytes received")
+        def attempt(pos: int, end: int) -> Iterator[bytes]:
+            with self.session.get(url, headers={"Range": f"bytes={pos}-{end - 1}"},
+                                  stream=True, timeout=self.policy.timeout) as resp:
+                skip = self._start(resp, url, pos, end, offset, path, sha256)
+                for block in _arriving(resp):
+                    if skip:
+                        cut = min(skip, len(block))
+                        block, skip = block[cut:], skip - cut
+                    yield block
+
+        return read_resumably(attempt, offset, length, self.policy, self.scheme, url)
 
     def get_small(self, url: str, limit: int, headers: dict | None = None) -> bytes:
         """GET a small document (a manifest) whole, with retries; at most ``limit`` bytes."""
@@ -169,17 +206,7 @@ class RangedReader:
                 return bytes(body)
             except (_Retry, *RETRYABLE) as e:
                 failures += 1
-                self._give_up_or_wait(failures, url, e, "")
-
-    def _give_up_or_wait(self, failures: int, url: str, cause: Exception, progress: str) -> None:
-        where = f", {progress}" if progress else ""
-        if failures >= self.policy.attempts:
-            raise SourceUnavailable(f"{url}: {_describe(cause)} (gave up after {failures} "
-                                    f"attempts{where})") from cause
-        RETRIES.labels(self.scheme).inc()
-        log.warning("source read failed, retrying", extra={
-            "url": url, "cause": _describe(cause), "attempt": failures})
-        self.policy.wait(failures)
+                give_up_or_wait(self.policy, self.scheme, failures, url, e, "")
 
     @staticmethod
     def _start(resp: requests.Response, url: str, pos: int, end: int, offset: int,

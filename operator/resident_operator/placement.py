@@ -4,7 +4,9 @@ Each owner Pod holds the model on exactly one card: it requests one unit of
 ``spec.accelerator`` (none for cpu), mounts the bundle through the CSI inline volume of
 driver ``bundles.resident.dev`` (read-only; attributes ``digest``, ``source``, ``model``
 per docs/contracts.md) at ``/bundle``, and the model's token Secret at
-``/var/run/resident``. kubelet only marks it Ready when the owner's ``/readyz`` answers, so
+``/var/run/resident``. A model that names ``spec.bundle.credentialsSecret`` has it on the
+bundle volume as ``nodePublishSecretRef``: kubelet, not the operator or the bridge, reads
+that Secret (in the Pod's namespace) and hands its data to the bridge with each publish. kubelet only marks it Ready when the owner's ``/readyz`` answers, so
 Pod readiness means "the model is resident and serving".
 
 Where an owner may run is the scheduler's decision, never the operator's: no builder sets
@@ -144,10 +146,7 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [
-            {"name": "bundle", "csi": {
-                "driver": naming.CSI_DRIVER, "readOnly": True,
-                "volumeAttributes": {"digest": bundle_digest, "source": bundle_source,
-                                     "model": model}}},
+            {"name": "bundle", "csi": bundle_volume(model, spec, bundle_digest, bundle_source)},
             {"name": "owner-token", "secret": {
                 "secretName": naming.token_secret_name(model), "defaultMode": TOKEN_MODE}},
             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
@@ -178,6 +177,15 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
                                      SOURCE_ANNOTATION: bundle_source}},
         "spec": pod_spec,
     }
+
+
+def bundle_volume(model: str, spec: ModelSpec, digest: str, source: str) -> dict[str, Any]:
+    """The ``csi`` of the owner's bundle volume: the revision, and the model's credentials."""
+    csi: dict[str, Any] = {"driver": naming.CSI_DRIVER, "readOnly": True,
+                           "volumeAttributes": {"digest": digest, "source": source, "model": model}}
+    if spec.bundle.credentials_secret:
+        csi["nodePublishSecretRef"] = {"name": spec.bundle.credentials_secret}
+    return csi
 
 
 def node_loss_tolerations(own: list[dict[str, Any]], seconds: int) -> list[dict[str, Any]]:

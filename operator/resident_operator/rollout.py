@@ -39,8 +39,8 @@ def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
     """Plan the move from the committed revision to spec.bundle and record it."""
     frm, to = state.bundle, spec.bundle
     try:
-        target = read_manifest(ctx, to.source, to.digest)
-        donor = read_manifest(ctx, frm["source"], frm["digest"])
+        target = read_manifest(ctx, to.source, to.digest, to.credentials_secret)
+        donor = read_manifest(ctx, frm["source"], frm["digest"], to.credentials_secret)
     except SourceProblem as e:
         return e.blocker
     caps = [v.in_place for v in views if v.in_place is not None]

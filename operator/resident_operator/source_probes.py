@@ -5,6 +5,9 @@ scheme, host and port (:func:`source_key`). ``http://h/a`` and ``http://h:80/b``
 source, and so are ``oci+http://h:5000/repo`` and ``http://h:5000/layout`` (one server,
 spoken to the same way); ``https://h`` and ``http://h`` are two. ``oci://`` is https, its
 ``oci+http://`` form http; default ports are 80 and 443; hosts compare case-insensitively.
+An ``s3://`` source's server is its ``endpoint=`` (whatever the bucket, prefix or
+addressing: a virtual-host request goes to the same server), or AWS's
+``https://s3.<region>.amazonaws.com`` without one.
 A ``file://`` source has no server and no key: a directory that is missing is the model's
 own problem, and such a model keeps retrying on its own backoff
 (:func:`~.source_check.retry_after`).
@@ -15,7 +18,12 @@ connection, a timeout, or 5xx/429 after the source's own retries
 hold that digest, which is the model's own problem too.
 
 **The probe** (``driver.probe_source``) is ``GET <scheme>://<host>:<port>/``; any HTTP
-answer below 500 other than 429 means the source answers. The first model whose read
+answer below 500 other than 429 means the source answers. It carries no credentials, for
+an s3 endpoint too (which answers an anonymous ``GET /`` with 403): it asks only whether
+the server answers, which is the same for every model on it, whatever Secret each names.
+Each model's credentials are put to the test by its own manifest read
+(``source_check.py``), which runs again when the probe answers: a refusal there is the
+model's ``AccessDenied``, not an outage. The first model whose read
 finds the source down opens the probe; every model whose pass needs that source while
 the probe is open does not read the source at all: it reports ``SourceUnavailable`` and
 joins the probe's waiters. Probes are made 2 s, 4 s, 8 s... after the failure, at most
@@ -37,6 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable
 from urllib.parse import urlsplit
 
+from bundle.manifest import ManifestError
+from bundle.sources.s3 import S3Location
+
 FIRST_PROBE_SECONDS = 2.0
 MAX_PROBE_SECONDS = 60.0
 RELAPSE_SECONDS = 60.0
@@ -47,6 +58,12 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 def source_key(uri: str) -> str | None:
     """``scheme://host:port`` of the server behind a network source; None for file:// (or
     anything that names no server)."""
+    if isinstance(uri, str) and uri.startswith("s3://"):
+        try:
+            loc = S3Location.parse(uri)
+        except ManifestError:
+            return None
+        uri = loc.endpoint or f"https://s3.{loc.region}.amazonaws.com"
     try:
         parts = urlsplit(uri)
         transport = TRANSPORTS.get(parts.scheme.lower())

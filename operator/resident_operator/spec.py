@@ -20,7 +20,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bundle.manifest import DIGEST_RE
+from bundle.manifest import DIGEST_RE, ManifestError
+from bundle.sources import CREDENTIAL_SCHEMES
+from bundle.sources.s3 import S3Location
 
 from .settings import OperatorSettings
 
@@ -48,6 +50,8 @@ class _Camel(BaseModel):
 class BundleRef(_Camel):
     source: str
     digest: str
+    # a Secret in the model's namespace whose data signs the source's requests (s3://)
+    credentials_secret: str | None = Field(default=None, alias="credentialsSecret")
 
 
 class DeliverySpec(_Camel):
@@ -160,8 +164,21 @@ def _bundle_problems(bundle: BundleRef) -> list[str]:
         if not parts.netloc or parts.path.strip("/") == "":
             out.append(f"spec.bundle.source {bundle.source!r}: an oci:// source needs "
                        "registry/repository (oci://host:port/repo)")
+    elif parts.scheme == "s3":
+        try:
+            S3Location.parse(bundle.source)
+        except ManifestError as e:
+            out.append(f"spec.bundle.source {e}")
     else:
-        out.append(f"spec.bundle.source {bundle.source!r}: scheme must be file, http, https or oci")
+        out.append(f"spec.bundle.source {bundle.source!r}: scheme must be file, http, https, oci or s3")
+    secret = bundle.credentials_secret
+    if secret is not None:
+        if not DNS_SUBDOMAIN_RE.match(secret) or len(secret) > 253:
+            out.append(f"spec.bundle.credentialsSecret {secret!r} is not a valid Secret name")
+        if parts.scheme not in CREDENTIAL_SCHEMES:
+            out.append(f"spec.bundle.credentialsSecret is set, but a {parts.scheme or 'schemeless'}"
+                       f" source reads no credentials (only {', '.join(s + '://' for s in CREDENTIAL_SCHEMES)}"
+                       " sources do)")
     return out
 
 

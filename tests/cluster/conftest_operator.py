@@ -12,7 +12,8 @@
   Failed). Nothing about the operator, the API server or the owner is mocked.
   With ``real_bridge=True`` the real bridge (``python -m csi_bridge``, gRPC over a unix
   socket, real read-only bind mounts) publishes the volumes and serves the deliveries;
-  the played kubelet then only calls NodePublishVolume/NodeUnpublishVolume like kubelet,
+  the played kubelet then only calls NodePublishVolume/NodeUnpublishVolume like kubelet
+  (with the data of the Secret a volume's ``nodePublishSecretRef`` names as ``secrets``),
   and answers a refused publish as kubelet does: a ``FailedMount`` Event on the Pod with
   the bridge's gRPC code and message in kubelet's words, and a retry after a back-off.
 
@@ -330,7 +331,8 @@ class PlayedNode:
                                 "lastTransitionTime": now}]}})
 
     def _start_owner(self, pod) -> None:
-        attrs = next(v.csi.volume_attributes for v in pod.spec.volumes if v.csi)
+        csi_volume = next(v.csi for v in pod.spec.volumes if v.csi)
+        attrs = csi_volume.volume_attributes
         vol = self.volume(pod.metadata.uid)
         if self.bridge is not None:   # kubelet's NodePublishVolume for the inline volume
             vol.parent.mkdir(parents=True, exist_ok=True)
@@ -338,7 +340,7 @@ class PlayedNode:
                 csi.node.NodePublishVolume(publish_request(
                     f"csi-{pod.metadata.uid}", vol, attrs["digest"], attrs["source"],
                     namespace=self.ns, pod=pod.metadata.name, pod_uid=pod.metadata.uid,
-                    model=attrs["model"]))
+                    model=attrs["model"], secrets=self._publish_secrets(csi_volume)))
         else:
             stage_revision(vol, dir_from_uri(attrs["source"]), make_current=True, hardlink=False)
         secret = next(v.secret.secret_name for v in pod.spec.volumes if v.secret)
@@ -350,6 +352,15 @@ class PlayedNode:
         thread.start()
         self.owners[pod.metadata.uid] = (owner, server, thread)
         owner.start()
+
+    def _publish_secrets(self, csi_volume) -> dict[str, str]:
+        """What kubelet sends as ``secrets``: the data of the Secret the volume's
+        ``nodePublishSecretRef`` names, read from the Pod's namespace."""
+        ref = csi_volume.node_publish_secret_ref
+        if ref is None:
+            return {}
+        secret = self.api.core.read_namespaced_secret(ref.name, self.ns)
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
     def _failed_mount(self, pod, error: grpc.RpcError) -> None:
         """kubelet's answer to a refused NodePublishVolume: an Event, a retry in 2 s."""

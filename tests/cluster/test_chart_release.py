@@ -193,6 +193,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         assert driver["attachRequired"] is False and driver["podInfoOnMount"] is True
         assert driver["volumeLifecycleModes"] == ["Ephemeral"]
         assert driver["fsGroupPolicy"] == "None"
+        assert driver["requiresRepublish"] is True   # volume credentials come back after a restart
         for name in CRDS:
             crd = get(cluster, "crd", name)
             assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

@@ -56,6 +56,7 @@ def _mutated(path: list[str], value):
     (["spec", "transition", "strategy"], "Sometimes", 'spec.transition.strategy: Unsupported value: \\"Sometimes\\"'),
     (["spec", "bundle", "source"], "ftp://x/y", 'spec.bundle.source in body should match'),
     (["spec", "accelerator"], "not a resource", "spec.accelerator in body should match"),
+    (["spec", "bundle", "credentialsSecret"], "S3_Creds", "spec.bundle.credentialsSecret in body should match"),
 ])
 def test_invalid_models_are_rejected_by_the_server(cluster, namespace, path, value, message):
     with pytest.raises(ApiException) as err:

@@ -313,7 +313,7 @@ def test_a_failed_delivery_is_retried_with_backoff_until_the_source_returns(worl
     bridge = Bridge(BridgeConfig(endpoint=f"unix://{w.tmp}/csi.sock", node_id="node-a",
                                  root=w.tmp / "data", authorize="api", api_client=w.bridge_api,
                                  private_metrics=True)).start()
-    bridge.publisher.open_source = lambda uri: open_source(uri, RetryPolicy(attempts=2, backoff_seconds=0.01))
+    bridge.publisher.open_source = lambda uri, **kw: open_source(uri, RetryPolicy(attempts=2, backoff_seconds=0.01), **kw)
     watcher = DeliveryWatcher(bridge, w.bridge_api, resync_seconds=1.0, backoff=Backoff(1.0, 2.0))
     srv = None
     try:

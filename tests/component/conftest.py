@@ -23,3 +23,4 @@ def short_tmp():
         cleanup_mounts(path)
         assert mountinfo.mounts_under(path) == []
         shutil.rmtree(path, ignore_errors=True)
+

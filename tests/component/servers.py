@@ -1,5 +1,6 @@
 """Real servers the component tests start on 127.0.0.1 and stop by PID: Debian's
-docker-registry, and a wait until a freshly started server answers."""
+docker-registry, and a wait until a freshly started server answers (the S3 server is
+``testkit.s3_server``, shared with the cluster tests)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,4 @@ http:
         yield f"127.0.0.1:{port}", work / "data"
     finally:
         group.stop()
+

@@ -43,7 +43,7 @@ def env(tmp_path):
     bridge = Bridge(BridgeConfig(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-a",
                                  root=tmp_path / "data", authorize="allow-any", private_metrics=True,
                                  publish_wait_seconds=0.6)).start()
-    bridge.publisher.open_source = lambda uri: open_source(uri, FAST)  # give up after 2 tries
+    bridge.publisher.open_source = lambda uri, **kw: open_source(uri, FAST, **kw)  # give up after 2 tries
     client = CsiClient(tmp_path / "csi.sock")
     try:
         yield type("Env", (), dict(tmp=tmp_path, srv=srv, uri=srv.url + "/models/m", digest=digest,

@@ -120,3 +120,18 @@ def test_unpublish_while_staged_keeps_the_delivery_lease(env):
             volume_id="csi-1", target_path=str(env.target)))
     holders = {l.holder: l.digest for l in env.bridge.store.leases()}
     assert holders == {"delivery:uid-d": env.d2}  # exactly the volume's lease was released
+
+
+def test_kubelets_republish_while_a_delivery_stages_is_confirmed_not_aborted(env):
+    # requiresRepublish: kubelet publishes a mounted volume again about once a minute; one
+    # that meets a staging (which holds the target) must not answer ABORTED, which kubelet
+    # would report as a FailedMount Warning on the running Pod
+    import grpc
+    again = publish_request("csi-1", env.target, env.d1, f"file://{env.tmp}/v1", pod_uid="uid-1", model="m")
+    with env.bridge.locks.hold(f"target {env.target}"), CsiClient(env.tmp / "csi.sock") as c:
+        c.node.NodePublishVolume(again)
+        other = publish_request("csi-2", env.target, env.d2, f"file://{env.tmp}/v2", pod_uid="uid-1")
+        with pytest.raises(grpc.RpcError) as e:   # anything else still waits its turn
+            c.node.NodePublishVolume(other)
+        assert e.value.code() == grpc.StatusCode.ABORTED
+    assert mountinfo.mount_at(env.target).read_only

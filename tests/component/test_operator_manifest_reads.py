@@ -36,3 +36,40 @@ def test_a_verified_manifest_is_kept_and_an_unread_one_needs_the_source(tmp_path
     with pytest.raises(SourceProblem):                  # kept per source, not per digest alone
         fetch_manifest(srv.url + "/other", a)
     assert len(source_check._kept) <= source_check.KEPT_MANIFESTS
+
+
+def test_an_s3_manifest_is_read_with_the_models_credentials_and_kept_for_them(
+        tmp_path, s3_endpoint, s3_bucket, s3_prefix):
+    from bundle.sources import SourceCredentials
+    from testkit.s3_server import CREDENTIALS
+    digest = make_demo(tmp_path / "a", 64 * 1024, seed=3).digest
+    source = f"s3://{s3_bucket}/{s3_prefix}?endpoint={s3_endpoint}"
+    push(tmp_path / "a", source, credentials=CREDENTIALS)
+    assert fetch_manifest(source, digest, CREDENTIALS).digest == digest
+    wrong = SourceCredentials({**CREDENTIALS, "AWS_SECRET_ACCESS_KEY": "not-it"})
+    for credentials in (wrong, None):   # another model's, or none: read again, and refused
+        with pytest.raises(SourceProblem) as e:
+            fetch_manifest(source, digest, credentials)
+        assert e.value.blocker.reason == "AccessDenied" and not e.value.outage
+        assert f"bucket {s3_bucket!r}" in e.value.blocker.message
+    with pytest.raises(SourceProblem) as e:   # a digest the prefix does not hold
+        fetch_manifest(source, "sha256:" + "0" * 64, CREDENTIALS)
+    assert e.value.blocker.reason == "SourceUnavailable" and "no such key" in e.value.blocker.message
+
+
+def test_the_outage_probe_of_an_s3_source_is_its_endpoint_answering_without_credentials(s3_endpoint):
+    import asyncio
+
+    import aiohttp
+
+    from localcluster.processes import free_port
+    from resident_operator.driver import _probe_once
+    from resident_operator.source_probes import source_key
+
+    async def probe(uri):
+        async with aiohttp.ClientSession() as session:
+            return await _probe_once(session, source_key(uri) + "/")
+
+    assert source_key(f"s3://any-bucket/x?endpoint={s3_endpoint}") == s3_endpoint
+    assert asyncio.run(probe(f"s3://any-bucket/x?endpoint={s3_endpoint}")) is None   # a 403 answers
+    assert asyncio.run(probe(f"s3://any-bucket/x?endpoint=http://127.0.0.1:{free_port()}")) is not None

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 
 from bundle.errors import IntegrityMismatch
 from bundle.manifest import FileEntry, Manifest, ManifestError, Role, build_entries
-from bundle.sources import FileSource, HttpSource, OciSource, open_source, verify_manifest
+from bundle.sources import (FileSource, HttpSource, OciSource, S3Source, SourceCredentials, open_source,
+                            reads_credentials, verify_manifest)
 from bundle.sources.file import dir_from_uri
 from bundle.sources.http import base_from_uri, blob_url, manifest_url
 from bundle.sources.httpserve import OBJECT_PATH
 from bundle.sources.oci import CONFIG_TYPE, LAYER_TYPE, TITLE, artifact_manifest
 from bundle.sources.oci_registry import Reference
 from bundle.sources.publish import LocalBundle
+from bundle.sources.s3 import S3Location
 from bundle.sources.source import check_range
 
 HEX = "ab" * 32
@@ -30,9 +33,11 @@ def test_open_source_picks_the_scheme():
     assert isinstance(open_source("http://127.0.0.1:1/x"), HttpSource)
     assert isinstance(open_source("https://example.invalid/x"), HttpSource)
     assert isinstance(open_source("oci://127.0.0.1:5000/m/tiny:v1"), OciSource)
+    assert isinstance(open_source("s3://bucket/x?endpoint=http://127.0.0.1:1"), S3Source)
+    assert reads_credentials("s3://bucket/x") and not reads_credentials("oci://h/r")
 
 
-@pytest.mark.parametrize("uri", ["ftp://h/x", "s3://bucket/x", "/plain/path", "", "file:relative"])
+@pytest.mark.parametrize("uri", ["ftp://h/x", "s3://Bad_Bucket/x", "/plain/path", "", "file:relative"])
 def test_unsupported_or_malformed_uris_are_refused(uri):
     with pytest.raises(ManifestError):
         open_source(uri)
@@ -130,3 +135,43 @@ def test_registry_challenges_are_parsed_and_passwords_never_printed():
                       "scope": "repository:m/tiny:pull,push"}
     assert parse_challenge('Basic realm="registry"') == ("basic", {"realm": "registry"})
     assert "hunter2" not in repr(Credentials("me", "hunter2"))
+
+
+def test_s3_uris_name_bucket_prefix_and_how_to_reach_the_store():
+    loc = S3Location.parse("s3://models/team/tiny/?endpoint=http://127.0.0.1:9000&region=eu-1")
+    assert (loc.bucket, loc.prefix, loc.endpoint, loc.region, loc.addressing) == (
+        "models", "team/tiny", "http://127.0.0.1:9000", "eu-1", "path")   # path with an endpoint
+    assert loc.manifest_key("sha256:" + HEX) == f"team/tiny/manifests/sha256-{HEX}.json"
+    assert loc.blob_key(HEX) == f"team/tiny/blobs/sha256-{HEX}"   # the http layout's names
+    aws = S3Location.parse("s3://models")
+    assert (aws.prefix, aws.endpoint, aws.region, aws.addressing) == ("", None, "us-east-1", "virtual")
+    assert aws.blob_key(HEX) == f"blobs/sha256-{HEX}"
+    assert S3Location.parse("s3://mmm/x?endpoint=https://[::1]:9000&addressing=virtual").endpoint == \
+        "https://[::1]:9000"
+
+
+@pytest.mark.parametrize("uri,says", [
+    ("s3://ab/x", "not a valid S3 bucket name"),
+    ("s3://My_Bucket/x", "not a valid S3 bucket name"),
+    ("s3://bucket/a//b", "empty, '.' or '..' segment"),
+    ("s3://bucket/a/../b", "empty, '.' or '..' segment"),
+    ("s3://bucket/x?endpoint=http://key:secret@h:9000", "credentials belong in the model's Secret"),
+    ("s3://bucket/x?endpoint=ftp://h", "must be http(s)://host[:port]"),
+    ("s3://bucket/x?endpoint=http://h:9000/base", "without a path or query"),
+    ("s3://bucket/x?addressing=dns", "addressing must be path or virtual"),
+    ("s3://bucket/x?region=a&region=b", "given more than once"),
+    ("s3://bucket/x?regoin=eu", "unknown parameter regoin"),
+    ("s3://bucket/x#frag", "expected s3://bucket"),
+    ("s3://my.bucket/x?endpoint=https://h&addressing=virtual", "has dots"),
+])
+def test_malformed_s3_uris_are_refused_before_any_request(uri, says):
+    with pytest.raises(ManifestError, match=re.escape(says)):
+        open_source(uri)
+
+
+def test_credentials_never_show_their_values():
+    creds = SourceCredentials({"AWS_ACCESS_KEY_ID": "AKIDVALUE", "AWS_SECRET_ACCESS_KEY": "s3cr3t"})
+    for text in (repr(creds), str(creds), f"{creds}"):
+        assert "s3cr3t" not in text and "AKIDVALUE" not in text and "AWS_SECRET_ACCESS_KEY" in text
+    assert creds.fingerprint() != SourceCredentials({**creds, "AWS_SECRET_ACCESS_KEY": "x"}).fingerprint()
+    assert creds.fingerprint() == SourceCredentials(dict(creds)).fingerprint()

@@ -13,7 +13,10 @@ from bundle.throughput import source_key
     ("http://127.0.0.1:9000/base", "http://127.0.0.1:9000/base"),
     ("oci://registry.example/team/model:v3", "oci://registry.example/team/model"),
     ("oci+http://u:p@[::1]:5000/model", "oci+http://[::1]:5000/model"),
-    ("s3://bucket/x", None),
+    ("s3://bucket/x", "s3://bucket/x@aws:us-east-1"),
+    ("s3://bucket/team/x/?endpoint=http://127.0.0.1:9000&addressing=virtual",
+     "s3://bucket/team/x@http://127.0.0.1:9000"),
+    ("s3://Bad_Bucket/x", None),
     (None, None),
 ])
 def test_source_key_names_the_repository_never_credentials(uri, key):

@@ -70,6 +70,31 @@ def test_pod_carries_the_csi_volume_token_probe_and_labels():
     assert pod["metadata"]["name"] == "tiny-owner-2-r1"
 
 
+def test_the_models_credentials_secret_rides_on_the_bundle_volume_for_kubelet():
+    source = "s3://models/tiny?endpoint=http://minio.storage:9000"
+    s = spec(bundle={"source": source, "digest": A, "credentialsSecret": "s3-reader"})
+    pod = pod_for(s, bundle_source=source)
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["bundle"]["csi"]["nodePublishSecretRef"] == {"name": "s3-reader"}
+    # nowhere else: not mounted into the owner, not in its environment or command line
+    c = pod["spec"]["containers"][0]
+    assert "s3-reader" not in str(c) and not any(v.get("secret", {}).get("secretName") == "s3-reader"
+                                                 for v in vols.values())
+    assert "nodePublishSecretRef" not in pod_for(spec())["spec"]["volumes"][0]["csi"]
+
+
+def test_naming_another_credentials_secret_rolls_the_owners_and_a_new_revision_does_not():
+    from resident_operator.pod_template import template_hash
+    source = "s3://models/tiny"
+    with_a = spec(bundle={"source": source, "digest": A, "credentialsSecret": "reader-a"})
+    with_b = spec(bundle={"source": source, "digest": A, "credentialsSecret": "reader-b"})
+    next_revision = spec(bundle={"source": source, "digest": B, "credentialsSecret": "reader-a"})
+    assert template_hash("tiny", with_a, SETTINGS) != template_hash("tiny", with_b, SETTINGS)
+    assert template_hash("tiny", with_a, SETTINGS) == template_hash("tiny", next_revision, SETTINGS)
+    assert template_hash("tiny", spec(), SETTINGS) == template_hash(
+        "tiny", spec(bundle={"source": "http://h/m", "digest": B}), SETTINGS)
+
+
 def test_host_network_and_image_override_come_from_settings_and_spec():
     s = spec(runtime={"image": "custom:2"})
     pod = build_owner_pod("tiny", "u", s, OperatorSettings(owner_image="x", owner_host_network=True),

@@ -51,7 +51,7 @@ def pass_context(probes):
 
 
 def failing_read(outage: bool, calls: list):
-    def read(source, digest):
+    def read(source, digest, credentials=None):
         calls.append(source)
         raise SourceProblem("SourceUnavailable", f"{source}: down or missing", outage=outage)
     return read
@@ -88,3 +88,70 @@ def test_an_answer_or_a_source_without_a_server_keeps_the_models_own_backoff(mon
         read_manifest(ctx, source, DIGEST)
     retry_later(ctx)
     assert ctx.follow_up.source_waits == [] and ctx.follow_up.due == 2.0
+
+
+# -- the model's credentials, read from its Secret ------------------------------------------
+import base64  # noqa: E402
+
+from bundle.sources import SourceCredentials  # noqa: E402
+from resident_operator.source_check import model_credentials  # noqa: E402
+
+
+class SecretsOf:
+    """The API's answers for Secrets (the one effect model_credentials has): by name, or None."""
+
+    def __init__(self, **secrets):
+        self.secrets, self.asked = secrets, []
+
+    def get(self, namespace, kind, name):
+        self.asked.append((namespace, kind, name))
+        return self.secrets.get(name)
+
+
+def secret_context(kube):
+    return types.SimpleNamespace(kube=kube, namespace="team-a", sources=None, follow_up=FollowUp(),
+                                 body={"status": {}}, clock=lambda: T0)
+
+
+def b64(text):
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_an_s3_source_is_read_with_the_data_of_the_models_secret():
+    kube = SecretsOf(reader={"data": {"AWS_ACCESS_KEY_ID": b64("AK"), "AWS_SECRET_ACCESS_KEY": b64("SK")}})
+    creds = model_credentials(secret_context(kube), "s3://models/tiny", "reader")
+    assert dict(creds) == {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"}
+    assert kube.asked == [("team-a", "Secret", "reader")]   # the model's own namespace only
+    assert model_credentials(secret_context(kube), "s3://models/tiny", None) is None   # anonymous
+    assert model_credentials(secret_context(kube), "http://h/m", "reader") is None     # reads none
+    assert len(kube.asked) == 1
+
+
+def test_a_missing_or_unreadable_secret_is_credentials_unavailable(monkeypatch):
+    calls = []
+    monkeypatch.setattr(source_check, "_read_manifest", failing_read(False, calls))
+    for kube, says in ((SecretsOf(), "does not exist"),
+                       (SecretsOf(reader={"data": {"AWS_ACCESS_KEY_ID": "%%%"}}), "not base64")):
+        with pytest.raises(SourceProblem) as e:
+            read_manifest(secret_context(kube), "s3://models/tiny", DIGEST, "reader")
+        assert e.value.blocker.reason == "CredentialsUnavailable" and says in str(e.value)
+        assert "'reader'" in str(e.value) and "'team-a'" in str(e.value)
+    assert calls == []   # the source is not read without the credentials it needs
+
+
+def test_a_kept_manifest_is_kept_for_the_credentials_that_read_it(monkeypatch):
+    reads = []
+
+    def read(source, digest, credentials=None):
+        reads.append(credentials)
+        return f"manifest read as {credentials!r}"
+
+    monkeypatch.setattr(source_check, "_kept", source_check.OrderedDict())
+    monkeypatch.setattr(source_check, "_read_manifest", read)
+    good = SourceCredentials({"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"})
+    other = SourceCredentials({"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "nope"})
+    first = source_check.fetch_manifest("s3://models/tiny", DIGEST, good)
+    assert source_check.fetch_manifest("s3://models/tiny", DIGEST, good) is first
+    source_check.fetch_manifest("s3://models/tiny", DIGEST, other)   # not taken from the first
+    source_check.fetch_manifest("s3://models/tiny", DIGEST)           # nor anonymously
+    assert reads == [good, other, None]

@@ -24,7 +24,11 @@ from resident_operator.source_probes import SourceProbes, backoff, source_key
     ("http://[::1]:8080/x", "http://[::1]:8080"),
     ("file:///srv/bundles/a", None),
     ("http:///no-host", None),
-    ("s3://bucket/key", None),
+    ("s3://bucket/key", "https://s3.us-east-1.amazonaws.com:443"),
+    ("s3://bucket/key?region=eu-west-1&addressing=path", "https://s3.eu-west-1.amazonaws.com:443"),
+    ("s3://bucket/key?endpoint=http://Minio.example:9000", "http://minio.example:9000"),
+    ("s3://bucket/key?endpoint=https://minio.example", "https://minio.example:443"),
+    ("s3://Not_A_Bucket/key", None),
     ("http://host:notaport/", None),
 ])
 def test_the_same_source_is_the_same_transport_host_and_port(uri, key):
@@ -34,6 +38,12 @@ def test_the_same_source_is_the_same_transport_host_and_port(uri, key):
 def test_one_layout_and_one_registry_on_one_server_share_a_probe():
     assert source_key("oci+http://h:5000/repo") == source_key("http://h:5000/layout")
     assert source_key("http://h:5000/a") != source_key("https://h:5000/a")
+
+
+def test_buckets_on_one_s3_endpoint_share_its_probe_whatever_their_addressing():
+    a = source_key("s3://models/a?endpoint=http://h:9000")
+    assert a == source_key("s3://other-bucket/b?endpoint=http://h:9000&addressing=virtual") == "http://h:9000"
+    assert a != source_key("s3://models/a?endpoint=http://h:9001")
 
 
 def test_backoff_doubles_from_two_seconds_to_a_minute():
