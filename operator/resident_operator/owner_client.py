@@ -18,7 +18,13 @@ only place that decides owner-call concurrency and timeouts (from ``settings.py`
   fails at once, without touching the network, so a pass never waits on a hung owner
   twice; one background probe per marked owner asks ``/v1/identity`` every
   ``RESIDENT_OWNER_RECHECK_SECONDS`` and, when the owner answers anything (or refuses the
-  connection: it is no longer hung), clears the mark and wakes the model.
+  connection: it is no longer hung), clears the mark and wakes the model;
+- every call opens its own connection and closes it after the answer (no keep-alive
+  pool). A pooled connection stays with the process it was opened to, while an owner's
+  address outlives its Pod: ``RESIDENT_OWNER_HOST``, hostNetwork and a reused Pod IP give
+  a successor the same host and port, and a terminating owner still answers on the
+  connections it holds. A call meant for the new owner would get the old one's answer (a
+  quarantined state, or no identity once it closed its model).
 
 Waiting on an owner's transition (``GET /v1/transitions/{id}?waitSeconds=N``) is a long
 poll by design; it takes no slot (there is one per owner transition in flight) and holds
@@ -100,7 +106,9 @@ class OwnerCalls:
         self.model_slots: dict[str, asyncio.Semaphore] = {}
         self.unresponsive: dict[str, Unresponsive] = {}   # owner Pod UID -> mark
         self.wake = wake
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        # force_close: one connection per call, so an answer comes from whoever listens at
+        # the owner's address now, never from a predecessor a kept connection leads to
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
 
     async def close(self) -> None:
         for mark in self.unresponsive.values():

@@ -2,7 +2,8 @@
 accepts and never answers is marked unresponsive after one timeout, is then refused at
 once (no second wait), a healthy owner asked in the same batch is not delayed, the
 per-model bound holds, and the background probe clears the mark and wakes the model
-when the owner stops hanging."""
+when the owner stops hanging. A call reaches the owner that listens at the address now,
+never a predecessor that still serves a connection it kept (real owners, real server)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from bundle.cpu_model import make_demo, make_revision
+from owner.backends.cpu import CpuBackend
+from owner.runtime import Owner
+from owner.server import make_server
 from resident_operator.owner_client import (OwnerCalls, OwnerCallsBusy, OwnerClient, OwnerUnreachable,
                                             OwnerUnresponsive, identities)
 from resident_operator.settings import OperatorSettings
+from testkit.local_volume import stage_revision
 
 TIMEOUT = 0.3
 
@@ -108,3 +114,43 @@ def test_one_model_holds_at_most_its_share_of_calls(gate, servers):
     assert sum(isinstance(a, OwnerCallsBusy) for a in answers) == 2
     other = OwnerClient(calls, "other", "pod-x", "127.0.0.1", port, "t")
     assert isinstance(identities([other])[0], OwnerUnresponsive)   # another model has its own share
+
+
+def serve_owner(volume, bundle, port):
+    """A real owner of ``bundle`` and its control server on 127.0.0.1:``port`` (HTTP/1.1,
+    connections kept alive as a client asks)."""
+    stage_revision(volume, bundle, make_current=True, hardlink=False)
+    owner = Owner(volume, CpuBackend())
+    server = make_server(owner, "t", "127.0.0.1", port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    owner.start()
+    return owner, server
+
+
+def test_a_call_reaches_the_owner_at_the_address_now_not_its_predecessor(gate, tmp_path):
+    """A successor Pod at its predecessor's host and port (RESIDENT_OWNER_HOST, hostNetwork,
+    a reused Pod IP) while the old owner, stopped listening, still answers on connections it
+    holds (a terminating owner closing its model; the played kubelet)."""
+    calls, _ = gate
+    base = make_demo(tmp_path / "base", 64 * 1024, seed=1).digest
+    rows = make_revision(tmp_path / "base", tmp_path / "rows", "rows", seed=2).digest
+    old, old_server = serve_owner(tmp_path / "old", tmp_path / "base", 0)
+    port = old_server.server_address[1]
+    new = new_server = None
+    try:
+        first = OwnerClient(calls, "model", "pod-0", "127.0.0.1", port, "t")
+        assert first.identity()["identity"]["bundle"] == base
+        old_server.shutdown()                      # its Pod is deleted: it stops listening
+        old_server.server_close()
+        new, new_server = serve_owner(tmp_path / "new", tmp_path / "rows", port)
+        successor = OwnerClient(calls, "model", "pod-0-r1", "127.0.0.1", port, "t")
+        for _ in range(3):
+            assert successor.identity()["identity"]["bundle"] == rows
+    finally:
+        for server in (old_server, new_server):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        for owner in (old, new):
+            if owner is not None:
+                owner.close()
