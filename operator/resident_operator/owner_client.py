@@ -26,6 +26,10 @@ only place that decides owner-call concurrency and timeouts (from ``settings.py`
   connections it holds. A call meant for the new owner would get the old one's answer (a
   quarantined state, or no identity once it closed its model).
 
+A pass that runs while the operator stops (its event loop stopped or closed) makes no
+call and raises ``kopf.TemporaryError``: the pass ends without writing what it would
+have derived from owners it could not ask.
+
 Waiting on an owner's transition (``GET /v1/transitions/{id}?waitSeconds=N``) is a long
 poll by design; it takes no slot (there is one per owner transition in flight) and holds
 no thread.
@@ -34,6 +38,7 @@ no thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import time
@@ -41,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import aiohttp
+import kopf
 
 from .context import OwnerWait
 from .settings import OperatorSettings
@@ -122,11 +128,20 @@ class OwnerCalls:
         at most two timeouts (one for a slot, one for the answer) whatever the owners do."""
         if not requests:
             return []
-        future = asyncio.run_coroutine_threadsafe(self._gather(requests), self.loop)
+        gather = self._gather(requests)
+        try:
+            future = asyncio.run_coroutine_threadsafe(gather, self.loop)
+        except RuntimeError:   # the loop is closed
+            gather.close()
+            raise _stopping() from None
         try:
             return future.result(timeout=2 * self.timeout + 1.0)
+        except concurrent.futures.CancelledError:   # the loop cancelled it as it stopped
+            raise _stopping() from None
         except TimeoutError:   # the loop itself is stuck (or stopping): never wait longer
             future.cancel()
+            if not self.loop.is_running():
+                raise _stopping() from None
             return [OwnerCallsBusy(f"{r.describe()}: the operator's event loop did not run the call")
                     for r in requests]
 
@@ -200,7 +215,10 @@ class OwnerCalls:
     def retain(self, model: str, owners: set[str]) -> None:
         """Forget marks (and stop probes) of ``model``'s owners not in ``owners`` (their Pods
         are gone or terminating). Thread-safe: it runs on the loop."""
-        self.loop.call_soon_threadsafe(self._retain, model, owners)
+        try:
+            self.loop.call_soon_threadsafe(self._retain, model, owners)
+        except RuntimeError:   # the loop is closed: its marks and probes are gone with it
+            raise _stopping() from None
 
     def _retain(self, model: str, owners: set[str]) -> None:
         for owner, mark in list(self.unresponsive.items()):
@@ -230,6 +248,10 @@ class OwnerCalls:
                 return
             if not (isinstance(body, dict) and body.get("result") == "running"):
                 return
+
+
+def _stopping() -> kopf.TemporaryError:
+    return kopf.TemporaryError("the operator is stopping: owners are not called", delay=1)
 
 
 class _slot:

@@ -2,8 +2,9 @@
 accepts and never answers is marked unresponsive after one timeout, is then refused at
 once (no second wait), a healthy owner asked in the same batch is not delayed, the
 per-model bound holds, and the background probe clears the mark and wakes the model
-when the owner stops hanging. A call reaches the owner that listens at the address now,
-never a predecessor that still serves a connection it kept (real owners, real server)."""
+when the owner stops hanging. A pass that runs as the operator stops calls no owner. A
+call reaches the owner that listens at the address now, never a predecessor that still
+serves a connection it kept (real owners, real server)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import kopf
 import pytest
 
 from bundle.cpu_model import make_demo, make_revision
@@ -114,6 +116,31 @@ def test_one_model_holds_at_most_its_share_of_calls(gate, servers):
     assert sum(isinstance(a, OwnerCallsBusy) for a in answers) == 2
     other = OwnerClient(calls, "other", "pod-x", "127.0.0.1", port, "t")
     assert isinstance(identities([other])[0], OwnerUnresponsive)   # another model has its own share
+
+
+def test_a_pass_that_runs_as_the_operator_stops_calls_no_owner(servers):
+    """The operator's loop stopped and closed (its shutdown) while a pass thread still runs:
+    the pass's owner calls raise kopf.TemporaryError (the pass ends and writes nothing), not
+    a RuntimeError that the pass would report on the model as ReconcileFailed."""
+    healthy_port, _ = servers
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def make():
+        return OwnerCalls(OperatorSettings(owner_timeout_seconds=TIMEOUT))
+
+    calls = asyncio.run_coroutine_threadsafe(make(), loop).result()
+    well = OwnerClient(calls, "model", "pod-well", "127.0.0.1", healthy_port, "t")
+    assert well.identity() == {"state": "ready"}
+    asyncio.run_coroutine_threadsafe(calls.close(), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+    with pytest.raises(kopf.TemporaryError):
+        well.identity()
+    with pytest.raises(kopf.TemporaryError):
+        calls.retain("model", set())
 
 
 def serve_owner(volume, bundle, port):
