@@ -37,7 +37,9 @@ Installation settings come from the environment:
   RESIDENT_OWNER_HOST_NETWORK        true: owner Pods use hostNetwork (local clusters)
   RESIDENT_OWNER_TIMEOUT_SECONDS     timeout of each call to an owner (default 2); an
                                      owner without an answer is OwnerUnresponsive
-  RESIDENT_OWNER_CALLS               owner calls in flight at once (default 32)
+  RESIDENT_OWNER_CALLS               owner calls of passes in flight at once (default
+                                     32); the probes of unresponsive owners have as
+                                     many of their own
   RESIDENT_OWNER_CALLS_PER_MODEL     of them for one model (default 4)
   RESIDENT_OWNER_RECHECK_SECONDS     an owner that did not answer is asked again this
                                      often (default 5)

@@ -18,7 +18,8 @@ only place that decides owner-call concurrency and timeouts (from ``settings.py`
   fails at once, without touching the network, so a pass never waits on a hung owner
   twice; one background probe per marked owner asks ``/v1/identity`` every
   ``RESIDENT_OWNER_RECHECK_SECONDS`` and, when the owner answers anything (or refuses the
-  connection: it is no longer hung), clears the mark and wakes the model;
+  connection: it is no longer hung), clears the mark and wakes the model. The probes are
+  bounded by as many slots of their own, so hung owners never hold a slot a pass needs;
 - every call opens its own connection and closes it after the answer (no keep-alive
   pool). A pooled connection stays with the process it was opened to, while an owner's
   address outlives its Pod: ``RESIDENT_OWNER_HOST``, hostNetwork and a reused Pod IP give
@@ -109,6 +110,9 @@ class OwnerCalls:
         self.per_model = settings.owner_calls_per_model
         self.loop = asyncio.get_running_loop()
         self.slots = asyncio.Semaphore(settings.owner_calls)
+        # the probes of unresponsive owners have slots of their own, as many: hung owners,
+        # however many, never hold a slot that a pass needs, of their model or another
+        self.probe_slots = asyncio.Semaphore(settings.owner_calls)
         self.model_slots: dict[str, asyncio.Semaphore] = {}
         self.unresponsive: dict[str, Unresponsive] = {}   # owner Pod UID -> mark
         self.wake = wake
@@ -172,15 +176,19 @@ class OwnerCalls:
     async def _send(self, r: OwnerRequest) -> tuple[int, dict[str, Any]]:
         model = self.model_slots.setdefault(r.model, asyncio.Semaphore(self.per_model))
         async with _slot(self.slots, self.timeout, r, "operator"), _slot(model, self.timeout, r, "model"):
-            try:
-                async with self.session.request(
-                        r.method, r.url, json=r.body, headers={"Authorization": f"Bearer {r.token}"},
-                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
-                    status, text = resp.status, await resp.text()
-            except asyncio.TimeoutError:   # also aiohttp's connect and read timeouts
-                raise OwnerUnresponsive(f"{r.describe()}: no answer within {self.timeout:g}s") from None
-            except (aiohttp.ClientError, OSError, ValueError) as e:
-                raise OwnerUnreachable(f"{r.describe()}: {type(e).__name__}: {e}") from None
+            return await self._http(r)
+
+    async def _http(self, r: OwnerRequest) -> tuple[int, dict[str, Any]]:
+        """The HTTP call itself, in whatever slot the caller holds."""
+        try:
+            async with self.session.request(
+                    r.method, r.url, json=r.body, headers={"Authorization": f"Bearer {r.token}"},
+                    timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                status, text = resp.status, await resp.text()
+        except asyncio.TimeoutError:   # also aiohttp's connect and read timeouts
+            raise OwnerUnresponsive(f"{r.describe()}: no answer within {self.timeout:g}s") from None
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            raise OwnerUnreachable(f"{r.describe()}: {type(e).__name__}: {e}") from None
         return answer_of(r, status, text)
 
     def _mark(self, r: OwnerRequest, message: str) -> None:
@@ -200,7 +208,8 @@ class OwnerCalls:
             while True:
                 await asyncio.sleep(self.recheck)
                 try:
-                    await self._send(mark.probe)
+                    async with _slot(self.probe_slots, self.timeout, mark.probe, "probes"):
+                        await self._http(mark.probe)
                 except (OwnerUnresponsive, OwnerCallsBusy):
                     continue
                 except OwnerUnreachable:

@@ -33,7 +33,8 @@ class OperatorSettings(BaseModel):
         "per owner HTTP call (and the longest wait for a free call slot): an owner that "
         "gives no answer within it is OwnerUnresponsive (owner_client.OwnerCalls)"))
     owner_calls: int = Field(default=32, ge=1, description=(
-        "owner HTTP calls in flight at once, across every model"))
+        "owner HTTP calls of passes in flight at once, across every model; the background "
+        "probes of unresponsive owners have as many of their own"))
     owner_calls_per_model: int = Field(default=4, ge=1, description=(
         "owner HTTP calls of one model in flight at once"))
     owner_recheck_seconds: float = Field(default=5.0, gt=0, description=(

@@ -1,8 +1,8 @@
 """The operator's gate for owner calls against real sockets on loopback: an owner that
 accepts and never answers is marked unresponsive after one timeout, is then refused at
 once (no second wait), a healthy owner asked in the same batch is not delayed, the
-per-model bound holds, and the background probe clears the mark and wakes the model
-when the owner stops hanging. A pass that runs as the operator stops calls no owner. A
+per-model bound holds, the background probe clears the mark and wakes the model when
+the owner stops hanging, and probes never take a slot a pass needs. A pass that runs as the operator stops calls no owner. A
 call reaches the owner that listens at the address now, never a predecessor that still
 serves a connection it kept (real owners, real server)."""
 
@@ -116,6 +116,36 @@ def test_one_model_holds_at_most_its_share_of_calls(gate, servers):
     assert sum(isinstance(a, OwnerCallsBusy) for a in answers) == 2
     other = OwnerClient(calls, "other", "pod-x", "127.0.0.1", port, "t")
     assert isinstance(identities([other])[0], OwnerUnresponsive)   # another model has its own share
+
+
+def test_probes_of_hung_owners_never_hold_a_slot_a_pass_needs(servers):
+    """Twice as many hung owners as the operator has call slots, all marked and probed
+    every 0.05 s: a pass still gets a slot at once for its healthy owner, every time."""
+    healthy_port, hang = servers
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def make():
+        return OwnerCalls(OperatorSettings(owner_timeout_seconds=TIMEOUT, owner_recheck_seconds=0.05,
+                                           owner_calls=2, owner_calls_per_model=2))
+
+    calls = asyncio.run_coroutine_threadsafe(make(), loop).result()
+    try:
+        port = hang.getsockname()[1]
+        for batch in range(2):   # as many at once as there are slots
+            hung = [OwnerClient(calls, f"hung-{batch}", f"pod-{batch}-{i}", "127.0.0.1", port, "t")
+                    for i in range(2)]
+            assert all(isinstance(a, OwnerUnresponsive) for a in identities(hung))
+        assert len(calls.unresponsive) == 4
+        well = OwnerClient(calls, "other", "pod-well", "127.0.0.1", healthy_port, "t")
+        deadline = time.monotonic() + 3 * TIMEOUT
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            assert well.identity() == {"state": "ready"}
+            assert time.monotonic() - t0 < TIMEOUT / 2
+    finally:
+        asyncio.run_coroutine_threadsafe(calls.close(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
 
 
 def test_a_pass_that_runs_as_the_operator_stops_calls_no_owner(servers):
