@@ -27,9 +27,13 @@ only place that decides owner-call concurrency and timeouts (from ``settings.py`
   connections it holds. A call meant for the new owner would get the old one's answer (a
   quarantined state, or no identity once it closed its model).
 
-A pass that runs while the operator stops (its event loop stopped or closed) makes no
-call and raises ``kopf.TemporaryError``: the pass ends without writing what it would
-have derived from owners it could not ask.
+When the operator stops, the gate is closed and its event loop stops and closes, while a
+pass may still run on its thread: such a pass makes no call and raises
+``kopf.TemporaryError``, so it ends without writing what it would have derived from
+owners it could not ask. No task of the gate ends in an error either (a call in flight
+ends with its answer or its OwnerUnreachable as a value, a probe or a transition wait
+just ends): kopf waits for every task on its loop as it stops and re-raises any that
+failed, which would fail the operator's exit.
 
 Waiting on an owner's transition (``GET /v1/transitions/{id}?waitSeconds=N``) is a long
 poll by design; it takes no slot (there is one per owner transition in flight) and holds
@@ -116,11 +120,14 @@ class OwnerCalls:
         self.model_slots: dict[str, asyncio.Semaphore] = {}
         self.unresponsive: dict[str, Unresponsive] = {}   # owner Pod UID -> mark
         self.wake = wake
+        self.closed = False
         # force_close: one connection per call, so an answer comes from whoever listens at
         # the owner's address now, never from a predecessor a kept connection leads to
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
 
     async def close(self) -> None:
+        """The operator stops: no call is made from now on."""
+        self.closed = True
         for mark in self.unresponsive.values():
             if mark.task is not None:
                 mark.task.cancel()
@@ -132,6 +139,8 @@ class OwnerCalls:
         at most two timeouts (one for a slot, one for the answer) whatever the owners do."""
         if not requests:
             return []
+        if self.closed:
+            raise _stopping()
         gather = self._gather(requests)
         try:
             future = asyncio.run_coroutine_threadsafe(gather, self.loop)
@@ -139,7 +148,7 @@ class OwnerCalls:
             gather.close()
             raise _stopping() from None
         try:
-            return future.result(timeout=2 * self.timeout + 1.0)
+            answers = future.result(timeout=2 * self.timeout + 1.0)
         except concurrent.futures.CancelledError:   # the loop cancelled it as it stopped
             raise _stopping() from None
         except TimeoutError:   # the loop itself is stuck (or stopping): never wait longer
@@ -148,6 +157,9 @@ class OwnerCalls:
                 raise _stopping() from None
             return [OwnerCallsBusy(f"{r.describe()}: the operator's event loop did not run the call")
                     for r in requests]
+        if self.closed:   # closed while the calls ran
+            raise _stopping()
+        return answers
 
     def call(self, request: OwnerRequest) -> tuple[int, dict[str, Any]]:
         answer, = self.call_many([request])
@@ -157,10 +169,19 @@ class OwnerCalls:
 
     # -- on the loop ------------------------------------------------------------------
     async def _gather(self, requests: list[OwnerRequest]) -> list[Any]:
-        answers = await asyncio.gather(*(self.send(r) for r in requests), return_exceptions=True)
-        return [OwnerUnreachable(f"{r.describe()}: {type(a).__name__}: {a}")
-                if isinstance(a, BaseException) and not isinstance(a, OwnerUnreachable) else a
-                for r, a in zip(requests, answers)]
+        return list(await asyncio.gather(*(self._answer(r) for r in requests)))
+
+    async def _answer(self, r: OwnerRequest) -> tuple[int, dict[str, Any]] | OwnerUnreachable:
+        """The answer to ``r``, or the OwnerUnreachable it raised, as a value: the task that
+        runs it never fails (see the module docstring on stopping)."""
+        if self.closed:
+            return OwnerCallsBusy(f"{r.describe()}: the operator is stopping")
+        try:
+            return await self.send(r)
+        except OwnerUnreachable as e:
+            return e
+        except Exception as e:  # noqa: BLE001 - e.g. the session closed under it as the operator stops
+            return OwnerUnreachable(f"{r.describe()}: {type(e).__name__}: {e}")
 
     async def send(self, r: OwnerRequest) -> tuple[int, dict[str, Any]]:
         """One call through the gate: refused at once for an owner marked unresponsive."""
@@ -192,7 +213,7 @@ class OwnerCalls:
         return answer_of(r, status, text)
 
     def _mark(self, r: OwnerRequest, message: str) -> None:
-        if r.owner in self.unresponsive:
+        if r.owner in self.unresponsive or self.closed:
             return
         log.warning("owner unresponsive", extra={"owner_uid": r.owner, "model_uid": r.model,
                                                  "error": message})
@@ -207,6 +228,8 @@ class OwnerCalls:
         try:
             while True:
                 await asyncio.sleep(self.recheck)
+                if self.closed:
+                    return
                 try:
                     async with _slot(self.probe_slots, self.timeout, mark.probe, "probes"):
                         await self._http(mark.probe)
@@ -214,6 +237,8 @@ class OwnerCalls:
                     continue
                 except OwnerUnreachable:
                     pass   # refused or an error status: an answer, so not hung
+                except RuntimeError:   # the session closed under it: the operator stops
+                    return
                 break
         finally:
             if self.unresponsive.get(owner) is mark:
@@ -245,11 +270,13 @@ class OwnerCalls:
         """Return when the owner's transition has a result, or the owner stops answering."""
         headers = {"Authorization": f"Bearer {owner.token}"}
         timeout = aiohttp.ClientTimeout(total=OWNER_WAIT_SECONDS + self.timeout)
-        while True:
+        while not self.closed:
             try:
                 async with self.session.get(owner.url, params={"waitSeconds": str(OWNER_WAIT_SECONDS)},
                                             headers=headers, timeout=timeout) as resp:
                     body = await resp.json(content_type=None) if resp.status == 200 else None
+            except RuntimeError:   # the session closed under it: the operator stops
+                return
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
                 log.info("owner did not answer a transition wait",
                          extra={"url": owner.url, "error": f"{type(e).__name__}: {e}"})

@@ -2,9 +2,10 @@
 accepts and never answers is marked unresponsive after one timeout, is then refused at
 once (no second wait), a healthy owner asked in the same batch is not delayed, the
 per-model bound holds, the background probe clears the mark and wakes the model when
-the owner stops hanging, and probes never take a slot a pass needs. A pass that runs as the operator stops calls no owner. A
-call reaches the owner that listens at the address now, never a predecessor that still
-serves a connection it kept (real owners, real server)."""
+the owner stops hanging, and probes never take a slot a pass needs. The operator stops
+with calls in flight and no task failed, and a pass that runs on calls no owner. A call
+reaches the owner that listens at the address now, never a predecessor that still serves
+a connection it kept (real owners, real server)."""
 
 from __future__ import annotations
 
@@ -148,11 +149,14 @@ def test_probes_of_hung_owners_never_hold_a_slot_a_pass_needs(servers):
         loop.call_soon_threadsafe(loop.stop)
 
 
-def test_a_pass_that_runs_as_the_operator_stops_calls_no_owner(servers):
-    """The operator's loop stopped and closed (its shutdown) while a pass thread still runs:
-    the pass's owner calls raise kopf.TemporaryError (the pass ends and writes nothing), not
-    a RuntimeError that the pass would report on the model as ReconcileFailed."""
-    healthy_port, _ = servers
+def test_the_operator_stops_with_owner_calls_in_flight_and_no_task_failed(servers):
+    """As the operator stops, its cleanup closes the gate, then kopf waits for every task on
+    its loop and re-raises any that failed (the operator's exit fails), and the loop stops
+    and closes while pass threads may still run. A call in flight when the gate closes ends
+    no task in an error, and a pass that asks after the close, or after the loop closed,
+    gets kopf.TemporaryError: it ends and writes nothing derived from owners it could not
+    ask (not a RuntimeError it would report on the model as ReconcileFailed)."""
+    healthy_port, hang = servers
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -161,9 +165,31 @@ def test_a_pass_that_runs_as_the_operator_stops_calls_no_owner(servers):
         return OwnerCalls(OperatorSettings(owner_timeout_seconds=TIMEOUT))
 
     calls = asyncio.run_coroutine_threadsafe(make(), loop).result()
+    hung = OwnerClient(calls, "model", "pod-hung", "127.0.0.1", hang.getsockname()[1], "t")
     well = OwnerClient(calls, "model", "pod-well", "127.0.0.1", healthy_port, "t")
     assert well.identity() == {"state": "ready"}
-    asyncio.run_coroutine_threadsafe(calls.close(), loop).result()
+    in_flight = []
+
+    def a_pass():
+        try:
+            in_flight.append(identities([hung, well]))
+        except kopf.TemporaryError as e:
+            in_flight.append(e)
+    passing = threading.Thread(target=a_pass)
+    passing.start()
+    time.sleep(TIMEOUT / 3)   # its call to the hung owner waits for an answer
+
+    async def stop_as_kopf_does():
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        await calls.close()
+        done, _ = await asyncio.wait(tasks, timeout=5)
+        return [t for t in done if not t.cancelled() and t.exception() is not None]
+
+    failed = asyncio.run_coroutine_threadsafe(stop_as_kopf_does(), loop).result()
+    passing.join(5)
+    assert failed == [] and isinstance(in_flight[0], kopf.TemporaryError)
+    with pytest.raises(kopf.TemporaryError):
+        well.identity()
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
     loop.close()
