@@ -35,7 +35,14 @@ Installation settings come from the environment:
   RESIDENT_OWNER_IMAGE               owner image when spec.runtime.image is empty
   RESIDENT_OWNER_HOST                reach owners at this host instead of the Pod IP
   RESIDENT_OWNER_HOST_NETWORK        true: owner Pods use hostNetwork (local clusters)
-  RESIDENT_OWNER_TIMEOUT_SECONDS     timeout of each call to an owner (default 5)
+  RESIDENT_OWNER_TIMEOUT_SECONDS     timeout of each call to an owner (default 2); an
+                                     owner without an answer is OwnerUnresponsive
+  RESIDENT_OWNER_CALLS               owner calls of passes in flight at once (default
+                                     32); the probes of unresponsive owners have as
+                                     many of their own
+  RESIDENT_OWNER_CALLS_PER_MODEL     of them for one model (default 4)
+  RESIDENT_OWNER_RECHECK_SECONDS     an owner that did not answer is asked again this
+                                     often (default 5)
   RESIDENT_NODE_LOSS_TOLERATION_SECONDS
                                      owners tolerate their node's unreachable and
                                      not-ready NoExecute taints this long (default 10)
@@ -46,6 +53,7 @@ Installation settings come from the environment:
                                      ScheduleAnyway (default) or DoNotSchedule
   RESIDENT_RESYNC_SECONDS            safety resync of a settled model (default 300)
   RESIDENT_SWEEP_SECONDS             cluster-wide sweep of labelled orphans (default 60)
+  RESIDENT_SWEEP_BUDGET_SECONDS      the longest one sweep runs (default 20)
   RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)
   RESIDENT_DELETE_GRACE_SECONDS      a deleted model stops waiting for a child this long
                                      after the child's deletion (default 300)

@@ -17,12 +17,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .kube import Kube
 from .naming import LABEL_MODEL, fit
 from .settings import OperatorSettings
 from .source_probes import SourceProbes
+
+if TYPE_CHECKING:
+    from .owner_client import OwnerCalls
 
 log = logging.getLogger("resident.operator")
 EventFn = Callable[[str, str, bool], None]  # (reason, message, warning)
@@ -64,6 +67,7 @@ class ModelContext:
     endpoint: str | None = None   # status.endpoint once the companions were checked; None: check
     follow_up: FollowUp = field(default_factory=FollowUp)
     sources: SourceProbes | None = None   # the operator's open source probes; None: none shared
+    owner_calls: "OwnerCalls | None" = None   # the operator's gate for owner calls (owner_client.py)
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """A Kubernetes Event on the model (for humans) plus a structured log line."""

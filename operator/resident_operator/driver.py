@@ -35,11 +35,10 @@ import aiohttp
 
 from . import metrics
 from .context import FollowUp, OwnerWait
+from .owner_client import OwnerCalls
 from .source_probes import SourceProbes
 
 log = logging.getLogger("resident.operator")
-OWNER_WAIT_SECONDS = 30      # one waiting GET; the owner allows up to 60
-UNREACHABLE_PAUSE = 1.0      # an owner that does not answer: wake the model, but not in a loop
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5, sock_connect=3)
 
 
@@ -92,8 +91,9 @@ def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:
 
 async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], FollowUp | None],
                 pool: Executor, session: aiohttp.ClientSession, resync_seconds: float,
-                sources: SourceProbes | None = None) -> None:
-    """Run passes until the model is deleted (``stopped``) or gone."""
+                sources: SourceProbes | None = None, owner_calls: OwnerCalls | None = None) -> None:
+    """Run passes until the model is deleted (``stopped``) or gone. ``owner_calls`` waits
+    on owner transitions (none are waited on without it)."""
     loop = asyncio.get_running_loop()
     wait, resync = 0.0, False
     try:
@@ -108,10 +108,10 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
             follow = await loop.run_in_executor(pool, contextvars.copy_context().run, run_pass)
             if follow is None:
                 break
-            for owner in follow.owner_waits:
+            for owner in follow.owner_waits if owner_calls is not None else ():
                 if owner.url not in handle.waiters:
                     handle.waiters[owner.url] = asyncio.create_task(
-                        _wait_owner(handle, owner, session), name=f"owner-wait {owner.url}")
+                        _wait_owner(handle, owner, owner_calls), name=f"owner-wait {owner.url}")
             for source, error in follow.source_waits if sources is not None else ():
                 opened = sources.wait(source, handle, error, time.monotonic())
                 if opened is not None:   # this model found the source down first
@@ -124,6 +124,8 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
         for probe in sources.leave(handle) if sources is not None else ():
             if probe.task is not None:
                 probe.task.cancel()
+        if owner_calls is not None:
+            owner_calls.forget_model(handle.uid)
 
 
 async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
@@ -137,25 +139,11 @@ async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
             w.cancel()
 
 
-async def _wait_owner(handle: ModelHandle, owner: OwnerWait, session: aiohttp.ClientSession) -> None:
+async def _wait_owner(handle: ModelHandle, owner: OwnerWait, calls: OwnerCalls) -> None:
     """Wait until the owner's transition has a result (or the owner stops answering),
     then wake the model."""
-    headers = {"Authorization": f"Bearer {owner.token}"}
-    timeout = aiohttp.ClientTimeout(total=OWNER_WAIT_SECONDS + 10)
     try:
-        while True:
-            try:
-                async with session.get(owner.url, params={"waitSeconds": str(OWNER_WAIT_SECONDS)},
-                                       headers=headers, timeout=timeout) as resp:
-                    body = await resp.json(content_type=None) if resp.status == 200 else None
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-                log.info("owner did not answer a transition wait",
-                         extra={"model": f"{handle.namespace}/{handle.name}", "url": owner.url,
-                                "error": f"{type(e).__name__}: {e}"})
-                await asyncio.sleep(UNREACHABLE_PAUSE)
-                break
-            if not (isinstance(body, dict) and body.get("result") == "running"):
-                break
+        await calls.wait_transition(owner)
         handle.poke("owner")
     finally:
         handle.waiters.pop(owner.url, None)

@@ -2,8 +2,9 @@
 
 - ``configure`` (startup) is the one place settings are applied: finalizer name,
   annotation-based progress storage, server-side label selectors for the children's
-  watches, event posting level, the API client, the pass pool, the owner-wait HTTP
-  session and the cluster-wide orphan sweep.
+  watches, event posting level, the API client, the pass pool, the gate of owner calls
+  (``owner_client.OwnerCalls``), the source-probe HTTP session and the cluster-wide
+  orphan sweep (on a thread of its own).
 - ``model_handles`` indexes ResidentModels by UID; the value is the model's
   :class:`~.driver.ModelHandle` (kept in its memo), which child handlers use to wake it.
 - ``model_changed`` and the ``*_changed`` handlers of its children (owner Pods, the token
@@ -36,6 +37,7 @@ from .cleanup import abandon_stuck_children, delete_recorded_children
 from .children import recorded_uids
 from .driver import ModelHandle, drive
 from .kube import Kube, load_config
+from .owner_client import OwnerCalls
 from .passes import model_context, run_pass
 from .reconcile import state_of
 from .settings import OperatorSettings, settings_from_env
@@ -58,7 +60,10 @@ class Runtime:
         self.settings = settings
         self.kube = Kube(load_config())
         self.pool = ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="pass")
+        # the sweep's own thread: passes cannot starve it, nor it them (its time budget)
+        self.sweep_pool = ThreadPoolExecutor(1, thread_name_prefix="sweep")
         self.session: aiohttp.ClientSession | None = None
+        self.owner_calls: OwnerCalls | None = None
         self.handles: dict[str, ModelHandle] = {}
         self.sweeper: asyncio.Task | None = None
         self.sources = SourceProbes()   # one probe per source that is down, shared by its models
@@ -68,6 +73,7 @@ class Runtime:
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     rt = Runtime(settings_from_env())
     rt.session = aiohttp.ClientSession()
+    rt.owner_calls = OwnerCalls(rt.settings, wake=functools.partial(_owner_answers, rt))
     memo.runtime = rt
     settings.persistence.finalizer = naming.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="resident.dev")
@@ -92,7 +98,10 @@ async def shut_down(memo: kopf.Memo, **_: Any) -> None:
             probe.task.cancel()
     if rt.session is not None:
         await rt.session.close()
+    if rt.owner_calls is not None:
+        await rt.owner_calls.close()
     rt.pool.shutdown(wait=False, cancel_futures=True)
+    rt.sweep_pool.shutdown(wait=False, cancel_futures=True)
     if EXIT_AFTER_CLEANUP_SECONDS is not None:   # the process must end even if kopf's shutdown hangs
         threading.Thread(target=_exit_later, args=(EXIT_AFTER_CLEANUP_SECONDS,), daemon=True).start()
 
@@ -104,16 +113,25 @@ def _exit_later(seconds: float) -> None:
     os._exit(1)
 
 
+def _owner_answers(rt: Runtime, model_uid: str) -> None:
+    """An owner that had stopped answering answers again: its model looks at it at once."""
+    handle = rt.handles.get(model_uid)
+    if handle is not None:
+        handle.poke("owner")
+
+
 async def _sweep_forever(rt: Runtime) -> None:
     loop = asyncio.get_running_loop()
+    rounds = 0
     while True:
         await asyncio.sleep(rt.settings.sweep_seconds)
         try:
-            await loop.run_in_executor(rt.pool, contextvars.copy_context().run, sweep_once,
+            await loop.run_in_executor(rt.sweep_pool, contextvars.copy_context().run, sweep_once,
                                        rt.kube, rt.settings, list(rt.handles.values()),
-                                       lambda h: loop.call_soon_threadsafe(h.poke, "sweep"))
+                                       lambda h: loop.call_soon_threadsafe(h.poke, "sweep"), rounds)
         except Exception:  # noqa: BLE001 - the next sweep tries again
             log.exception("orphan sweep failed")
+        rounds += 1
 
 
 @kopf.on.login()
@@ -218,8 +236,9 @@ async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: s
         rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="orphan sweep")
     handle = _handle(memo, namespace, name, uid)
     one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock,
-                                 handle.known, rt.sources)
-    await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds, rt.sources)
+                                 handle.known, rt.sources, rt.owner_calls)
+    await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds, rt.sources,
+                rt.owner_calls)
 
 
 @kopf.on.delete(*MODEL, retries=None, backoff=1, timeout=None)  # until every child is gone

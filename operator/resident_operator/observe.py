@@ -15,6 +15,11 @@ answer in kubelet's newest FailedMount Event) makes ``Delivered=False`` reason
 ``MountFailed`` and ``Degraded`` reason ``DeliveryFailed``, both with the bridge's
 message; while the bridge still fetches, ``WaitingForDelivery`` carries its progress.
 
+An owner that gives no answer to ``/v1/identity`` within the owner-call timeout (it
+accepts connections and hangs) is not ready, whatever its Pod says: its ``owners[]`` entry
+has reason ``OwnerUnresponsive`` and the model is ``Degraded`` reason ``OwnerUnresponsive``
+naming it (``owner_client.py``).
+
 An owner lost with its node (its Pod deleted by the taint-eviction controller, and left
 Terminating because no kubelet confirms it) keeps its entry in ``owners[]``, with its
 node and reason ``NodeLost``, for as long as its Pod exists. Until its slot's replacement
@@ -36,6 +41,7 @@ from .transition import BROKEN_STATES, TransitionState
 
 MOUNT_FAILED, WAITING_FOR_DELIVERY = "MountFailed", "WaitingForDelivery"
 NODE_LOST = "NodeLost"
+OWNER_UNRESPONSIVE = "OwnerUnresponsive"
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class OwnerView:
     mount_code: str = ""             # the bridge's gRPC code in kubelet's newest FailedMount
     mount_message: str = ""
     node_lost: bool = False          # evicted by the taint manager: its node stopped reporting
+    unresponsive: bool = False       # its owner gave no answer in time: not ready, whatever the Pod says
 
     @property
     def running(self) -> bool:
@@ -93,6 +100,8 @@ class OwnerView:
             out["error"] = self.error
         if self.node_lost:
             out["reason"], out["message"] = NODE_LOST, self.lost_message()
+        elif self.unresponsive:
+            out["reason"], out["message"] = OWNER_UNRESPONSIVE, self.error
         elif self.unschedulable:
             out["reason"], out["message"] = UNSCHEDULABLE, self.unschedulable
         elif self.exit_reason:
@@ -109,8 +118,9 @@ class OwnerView:
 
 
 def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
-               error: str = "") -> OwnerView:
-    """Build an :class:`OwnerView` from a Pod (as a dict) and an optional identity answer."""
+               error: str = "", unresponsive: bool = False) -> OwnerView:
+    """Build an :class:`OwnerView` from a Pod (as a dict) and an optional identity answer;
+    an owner that gave no answer in time (``unresponsive``) is not ready."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     labels = meta.get("labels") or {}
     ready = any(cond.get("type") == "Ready" and cond.get("status") == "True"
@@ -125,14 +135,15 @@ def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
         node=(pod.get("spec") or {}).get("nodeName") or "",
         pod_ip=status.get("podIP") or "", control_port=_named_port(pod, naming.PORT_CONTROL),
         pod_phase=status.get("phase") or "Pending",
-        ready=ready and not meta.get("deletionTimestamp"),
+        ready=ready and not meta.get("deletionTimestamp") and not unresponsive,
         terminating=bool(meta.get("deletionTimestamp")),
         bundle_digest=(meta.get("annotations") or {}).get("resident.dev/bundle-digest", ""),
         state=(identity or {}).get("state"),
         identity={k: v for k, v in ident.items() if k in ("bundle", "graph", "weights") and v},
         in_place=caps.get("inPlace") if "inPlace" in caps else None,
         error=error, unschedulable=unschedulable_message(pod),
-        exit_reason=exit_reason, exit_message=exit_message, node_lost=evicted_by_taint(pod))
+        exit_reason=exit_reason, exit_message=exit_message, node_lost=evicted_by_taint(pod),
+        unresponsive=unresponsive)
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,7 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
     exited = sorted((o for o in live if o.exit_reason), key=lambda o: o.slot)
     unplaced = sorted((o for o in live if o.unschedulable), key=lambda o: o.slot)
     unmounted = sorted((o for o in live if o.mount_failed), key=lambda o: o.slot)
+    hung = sorted((o for o in live if o.unresponsive), key=lambda o: o.slot)
     fetching = sorted((o for o in live if o.mount_code and not o.mount_failed), key=lambda o: o.slot)
     lost = [(o, successor) for o, successor in unreplaced_losses(owners) if o.slot < replicas]
     conds = []
@@ -185,6 +197,10 @@ def derive_status(*, replicas: int, owners: list[OwnerView], problems: list[str]
         degraded = c.condition(c.DEGRADED, True, "DeliveryFailed",
                                f"{_owners(len(unmounted))} cannot mount the bundle; {o.pod}: "
                                f"{o.mount_message}")
+    elif hung:
+        degraded = c.condition(c.DEGRADED, True, OWNER_UNRESPONSIVE,
+                               f"{_owners(len(hung))} not answering; "
+                               + "; ".join(f"owner {o.pod}: {o.error}" for o in hung[:3]))
     elif blocker:
         degraded = c.condition(c.DEGRADED, True, blocker.reason, blocker.message)
     elif last_transition and last_transition.get("result") == "failed" \

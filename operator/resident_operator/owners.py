@@ -5,7 +5,8 @@ before anything depends on it), adopt an object left by a crashed pass (409, lab
 with this model's UID, owned by it), delete Pods of slots above ``spec.replicas`` by UID,
 and skip a slot whose name is taken by something that is not ours by moving the slot to
 its next incarnation. ``observe_owners`` reads the Pods and asks every running owner for
-its identity.
+its identity, all at once through the operator's owner-call gate (``owner_client.py``): an
+owner that does not answer in time is ``OwnerUnresponsive`` and not ready.
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from .context import ModelContext
 from .model_state import ModelState
 from .observe import OwnerView, owner_view
 from .transition import BROKEN_STATES
-from .owner_client import OwnerClient, OwnerUnreachable
+from .owner_client import OwnerClient, OwnerUnreachable, OwnerUnresponsive, identities
 from .placement import build_owner_pod, build_token_secret, new_token
 from .pod_verdicts import FAILED_MOUNT, mount_verdict
 from .pod_template import stamp
 from .spec import ModelSpec
 
 log = logging.getLogger("resident.operator")
-UNREACHABLE_RETRY_SECONDS = 5.0
 MOUNT_RECHECK_SECONDS = 3.0   # while an owner Pod waits for its volume: kubelet's FailedMount
 
 
@@ -164,8 +164,9 @@ def owner_address(ctx: ModelContext, pod_ip: str) -> str:
 
 def owner_client(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> OwnerClient:
     """A client of the owner's control API, at the port its Pod declares."""
-    return OwnerClient(owner_address(ctx, view.pod_ip), view.control_port or spec.runtime.port,
-                       ctx.token, ctx.settings.owner_timeout_seconds)
+    assert ctx.owner_calls is not None, "owner calls go through the operator's gate"
+    return OwnerClient(ctx.owner_calls, ctx.uid, view.uid, owner_address(ctx, view.pod_ip),
+                       view.control_port or spec.runtime.port, ctx.token)
 
 
 def with_mount_verdict(ctx: ModelContext, view: OwnerView) -> OwnerView:
@@ -188,8 +189,13 @@ def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpe
     message; its Pod's next change wakes the model, so no recheck is needed).
 
     A Pod waiting for its volume gets kubelet's newest FailedMount (the bridge's answer).
-    Events do not wake the model, so the model looks again every few seconds while one waits."""
-    views = []
+    Events do not wake the model, so the model looks again every few seconds while one waits.
+
+    The owners are asked together: a pass waits at most one owner-call timeout for all of
+    them. An owner that gave no answer is ``unresponsive`` (not ready); one marked so
+    earlier is not waited on again (``owner_client.OwnerCalls``)."""
+    views: list[OwnerView | None] = []
+    asked: list[tuple[int, dict[str, Any], OwnerClient]] = []
     for pod in pods:
         seen = owner_view(pod)
         if seen.awaiting_volume:
@@ -199,10 +205,16 @@ def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpe
         if not seen.running or seen.exit_reason or not owner_address(ctx, seen.pod_ip):
             views.append(seen)
             continue
-        client = owner_client(ctx, spec, seen)
-        try:
-            views.append(owner_view(pod, client.identity()))
-        except OwnerUnreachable as e:
-            views.append(owner_view(pod, error=str(e)))
-            ctx.follow_up.recheck_in(UNREACHABLE_RETRY_SECONDS)  # no watch reports an owner's HTTP
-    return views
+        asked.append((len(views), pod, owner_client(ctx, spec, seen)))
+        views.append(None)
+    if ctx.owner_calls is not None:   # hung owners no longer asked are not probed on
+        ctx.owner_calls.retain(ctx.uid, {client.owner for _, _, client in asked})
+    for (i, pod, _), answer in zip(asked, identities([client for _, _, client in asked])):
+        if isinstance(answer, OwnerUnresponsive):   # its probe wakes the model when it answers
+            views[i] = owner_view(pod, error=str(answer), unresponsive=True)
+        elif isinstance(answer, OwnerUnreachable):
+            views[i] = owner_view(pod, error=str(answer))
+            ctx.follow_up.recheck_in(ctx.settings.owner_recheck_seconds)  # no watch reports an owner's HTTP
+        else:
+            views[i] = owner_view(pod, answer)
+    return [v for v in views if v is not None]

@@ -23,6 +23,7 @@ from . import conditions as c
 from . import metrics, naming
 from .context import FollowUp, ModelContext
 from .kube import Kube
+from .owner_client import OwnerCalls
 from .reconcile import reconcile, write_status
 from .settings import OperatorSettings
 from .source_probes import SourceProbes
@@ -49,14 +50,15 @@ def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: 
 
 
 def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, uid: str,
-             lock: threading.Lock, known: dict[str, Any], sources: SourceProbes | None = None
-             ) -> FollowUp | None:
+             lock: threading.Lock, known: dict[str, Any], sources: SourceProbes | None = None,
+             owner_calls: OwnerCalls | None = None) -> FollowUp | None:
     """One pass; None when the model is gone (or replaced by another of the same name).
 
     ``known`` carries what a pass may reuse from the last one (the owners' token, the
     checked companions' endpoint; the driver forgets each when an event says it changed,
     ``driver.FORGETS``), so a pass does not read them again. ``sources`` are the
-    operator's shared source probes (``source_probes.py``)."""
+    operator's shared source probes (``source_probes.py``), ``owner_calls`` its gate for
+    owner calls (``owner_client.py``)."""
     t0 = time.perf_counter()
     with lock:
         try:
@@ -68,7 +70,7 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
         if ctx is None or ctx.uid != uid:
             return None
         ctx.token, ctx.endpoint, epoch = known.get("token", ""), known.get("endpoint"), known.get("epoch")
-        ctx.sources = sources
+        ctx.sources, ctx.owner_calls = sources, owner_calls
         _reconcile(ctx)
         if known.get("epoch") == epoch:    # nothing it read changed meanwhile
             known.update(token=ctx.token, endpoint=ctx.endpoint)

@@ -29,13 +29,26 @@ class OperatorSettings(BaseModel):
     owner_image: str = Field(default="", description="owner image when spec.runtime.image is empty")
     owner_host: str = Field(default="", description="host to reach owners at instead of the Pod IP")
     owner_host_network: bool = Field(default=False, description="run owner Pods with hostNetwork")
-    owner_timeout_seconds: float = Field(default=5.0, gt=0, description="per owner HTTP call")
+    owner_timeout_seconds: float = Field(default=2.0, gt=0, description=(
+        "per owner HTTP call (and the longest wait for a free call slot): an owner that "
+        "gives no answer within it is OwnerUnresponsive (owner_client.OwnerCalls)"))
+    owner_calls: int = Field(default=32, ge=1, description=(
+        "owner HTTP calls of passes in flight at once, across every model; the background "
+        "probes of unresponsive owners have as many of their own"))
+    owner_calls_per_model: int = Field(default=4, ge=1, description=(
+        "owner HTTP calls of one model in flight at once"))
+    owner_recheck_seconds: float = Field(default=5.0, gt=0, description=(
+        "an owner that did not answer is asked again this often: in the background while it "
+        "hangs (its model is woken when it answers), by the next pass when it refused"))
     owner_run_as_non_root: bool = Field(default=True, description=(
         "owner Pods set runAsNonRoot; false only for vendor images that must run as root"))
     resync_seconds: float = Field(default=300.0, gt=0, description=(
         "safety resync: a settled model is passed again this often even if nothing woke it"))
     sweep_seconds: float = Field(default=60.0, gt=0, description=(
         "how often the cluster-wide sweep looks for labelled orphans"))
+    sweep_budget_seconds: float = Field(default=20.0, gt=0, description=(
+        "the longest one sweep runs (on its own thread) before it stops and leaves the rest "
+        "to the next; it never waits longer than that for a model's pass to finish"))
     readiness_period_seconds: int = Field(default=5, ge=1)
     delete_grace_seconds: float = Field(default=300.0, gt=0, description=(
         "how long a deleted model waits for the bridge to release a BundleDelivery (or for "

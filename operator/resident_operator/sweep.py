@@ -10,11 +10,18 @@ its token and companions again and put back what is missing, as the watch event 
 should have woken it was missed. An object whose controller, by owner reference,
 is a model that no longer exists is deleted by UID as well. A settled cluster costs one
 LIST request per swept kind, namespace and sweep, whatever the number of models.
+
+The sweep has a budget of its own: it runs on its own thread (handlers.py), so passes
+cannot starve it nor it them, and one sweep runs at most ``RESIDENT_SWEEP_BUDGET_SECONDS``:
+it waits for a model's pass lock no longer than what is left of it, skips a model whose
+pass holds the lock longer, and stops between namespaces when the budget is spent. The
+next sweep starts at the next namespace (``rounds``), so every namespace gets its turn.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
@@ -30,14 +37,23 @@ log = logging.getLogger("resident.operator")
 
 
 def sweep_once(kube: Kube, settings: OperatorSettings, handles: Iterable[ModelHandle],
-               wake: Callable[[ModelHandle], None]) -> list[str]:
-    """One sweep over every namespace with models; returns the ``kind/name`` deleted.
+               wake: Callable[[ModelHandle], None], rounds: int = 0) -> list[str]:
+    """One sweep over the namespaces with models, within the sweep's budget, starting at
+    namespace ``rounds`` (modulo their number); returns the ``kind/name`` deleted.
     ``wake`` is called (from this thread) for each model whose children differed."""
+    deadline = time.monotonic() + settings.sweep_budget_seconds
     by_namespace: dict[str, list[ModelHandle]] = defaultdict(list)
     for h in handles:
         by_namespace[h.namespace].append(h)
+    order = sorted(by_namespace)
+    order = order[rounds % len(order):] + order[:rounds % len(order)] if order else []
     swept: list[str] = []
-    for namespace, models in by_namespace.items():
+    for namespace in order:
+        models = by_namespace[namespace]
+        if time.monotonic() >= deadline:
+            log.warning("the sweep's budget is spent; the rest waits for the next sweep",
+                        extra={"namespace": namespace, "budget_seconds": settings.sweep_budget_seconds})
+            break
         listed: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for kind in SWEPT_KINDS:
             for obj in kube.list(namespace, kind, naming.LABEL_MODEL_UID):
@@ -48,7 +64,7 @@ def sweep_once(kube: Kube, settings: OperatorSettings, handles: Iterable[ModelHa
                 swept += _delete_if_parent_gone(kube, namespace, objs)
         for h in models:
             if _differs(h, listed.get(h.uid, [])):
-                swept += _sweep_model(kube, settings, h)
+                swept += _sweep_model(kube, settings, h, deadline)
                 wake(h)
     return swept
 
@@ -60,14 +76,22 @@ def _differs(h: ModelHandle, objs: list[dict[str, Any]]) -> bool:
     return unrecorded or bool(h.recorded - present)
 
 
-def _sweep_model(kube: Kube, settings: OperatorSettings, h: ModelHandle) -> list[str]:
-    with h.lock:
+def _sweep_model(kube: Kube, settings: OperatorSettings, h: ModelHandle, deadline: float
+                 ) -> list[str]:
+    """Under the model's pass lock, waited for no longer than the sweep's budget allows (a
+    model skipped now is woken all the same, and its pass or the next sweep sees to it)."""
+    if not h.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        log.info("sweep skips a model whose pass holds its lock", extra={"model": f"{h.namespace}/{h.name}"})
+        return []
+    try:
         ctx = model_context(kube, settings, h.namespace, h.name)
         if ctx is None or ctx.uid != h.uid or ctx.body["metadata"].get("deletionTimestamp"):
             return []
         state = state_of(ctx)
         prune_records(ctx, state)
         return sweep_orphans(ctx, state)
+    finally:
+        h.lock.release()
 
 
 def _delete_if_parent_gone(kube: Kube, namespace: str, objs: list[dict[str, Any]]) -> list[str]:

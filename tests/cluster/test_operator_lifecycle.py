@@ -8,6 +8,9 @@ it places a model.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import kubernetes
 import pytest
 from kubernetes import client
@@ -408,3 +411,41 @@ def test_the_sweep_wakes_a_model_whose_recorded_child_went_unseen(cluster, names
     sweep_once(kube, settings_from_env({}), handles, woken.append)
     assert [h.name for h in woken] == ["lost"]
     assert not api.model("lost")["status"].get("children")     # the stale record is forgotten
+
+
+def test_the_sweep_keeps_to_its_budget_past_a_model_whose_pass_holds_it(cluster, namespace, tiny):
+    """A pass that holds its model's lock (waiting on an API server, or on owners) does
+    not hold the sweep: the sweep waits for the lock no longer than its budget, wakes the
+    model all the same, and the next sweep does what this one skipped. Run directly, under
+    the operator's account."""
+    api = Api(cluster, namespace)
+    held = api.create_model("held", tiny)
+    record = {"apiVersion": "v1", "kind": "Service", "name": "held", "uid": "0000-gone"}
+    api.custom.patch_namespaced_custom_object_status(
+        "resident.dev", "v1alpha1", namespace, "residentmodels", "held", {"status": {"children": [record]}})
+    handle = ModelHandle(namespace, "held", held["metadata"]["uid"])
+    handle.recorded = {"0000-gone"}
+    kube = Kube(kubernetes.config.new_client_from_config(config_file=OPERATOR_ENV["KUBECONFIG"]))
+    settings = settings_from_env({"RESIDENT_SWEEP_BUDGET_SECONDS": "1"})
+    taken, release = threading.Event(), threading.Event()
+
+    def a_long_pass():
+        with handle.lock:
+            taken.set()
+            release.wait(10)
+    passing = threading.Thread(target=a_long_pass, daemon=True)
+    passing.start()
+    taken.wait(5)
+    woken = []
+    try:
+        t0 = time.monotonic()
+        sweep_once(kube, settings, [handle], woken.append)
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+        passing.join(5)
+    assert took < 3.0, took                                     # its budget (1 s), not the pass (10 s)
+    assert woken == [handle]                                    # its own pass sees to it meanwhile
+    assert api.model("held")["status"]["children"] == [record]  # skipped: not pruned under the pass
+    sweep_once(kube, settings, [handle], woken.append)          # the next sweep, the lock free
+    assert not api.model("held")["status"].get("children")
