@@ -20,7 +20,8 @@ kubectl runs this plugin as `kubectl resident ...` when `kubectl-resident` is on
 (the `resident` Python package installs it). It reads the kubeconfig as kubectl does:
 --kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context, else the current
 context; -n/--namespace, else the context's namespace, else "default". It needs get,
-list and watch on residentmodels.resident.dev (and list on events for `history`).
+list and watch on residentmodels.resident.dev (and list on events.k8s.io events
+for `history`).
 
 exit codes: 0 done (also --watch ended with Ctrl-C), 1 the model could not be read
 (not found, forbidden, no API server, no kubeconfig), 2 wrong arguments.

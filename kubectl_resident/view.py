@@ -149,7 +149,7 @@ def render_model(model: dict[str, Any], now: float) -> list[str]:
 
 def render_history(model: dict[str, Any], events: list[dict[str, Any]], now: float) -> list[str]:
     """``kubectl resident history``: the last transition in full, then the earlier ones as
-    the Events on the model tell them (newest last)."""
+    the Events on the model tell them (``{reason, message, count, time}``, newest last)."""
     meta, status = model.get("metadata") or {}, model.get("status") or {}
     lines = [f"Model {meta.get('namespace', '-')}/{meta.get('name', '-')}", ""]
     t = status.get("transition")
@@ -184,13 +184,9 @@ def render_history(model: dict[str, Any], events: list[dict[str, Any]], now: flo
             lines += ["", f"  failed: {last.get('reason') or '-'}: {last.get('message') or ''}"
                           + (f" (owner {last['failedOwner']})" if last.get("failedOwner") else "")]
     lines += ["", "Transition Events (kept by the API server for its --event-ttl, 1h by default):"]
-    rows = [[age(when, now), e.get("reason", ""), str(e.get("count") or 1), e.get("message", "")]
-            for when, e in sorted(((event_time(e), e) for e in events if e.get("reason") in TRANSITION_EVENTS),
-                                  key=lambda pair: pair[0] or "")]
+    rows = [[age(e.get("time"), now), e.get("reason", ""), str(e.get("count") or 1), e.get("message", "")]
+            for e in sorted((e for e in events if e.get("reason") in TRANSITION_EVENTS),
+                            key=lambda e: e.get("time") or "")]
     lines += table(["AGE", "REASON", "COUNT", "MESSAGE"], rows) if rows else ["  (none kept)"]
     return lines
 
-
-def event_time(e: dict[str, Any]) -> str | None:
-    """When an Event last happened: lastTimestamp, else eventTime, else its creation."""
-    return e.get("lastTimestamp") or e.get("eventTime") or (e.get("metadata") or {}).get("creationTimestamp")

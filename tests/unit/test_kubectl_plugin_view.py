@@ -1,4 +1,5 @@
-"""``kubectl resident``'s rendering, from status as the operator's own builders write it.
+"""``kubectl resident``'s rendering, from status as the operator's own builders write it,
+and how it tells its errors apart.
 
 The transition in flight and the last transition come from ``TransitionState.dump()`` and
 ``transition_summary.summarize()``, so a change of the status shape fails here first."""
@@ -81,10 +82,10 @@ def test_get_of_a_new_model_says_none_yet():
 def test_history_shows_the_last_transition_bytes_durations_and_nodes():
     last = summarize(transition("succeeded"), NOW)
     events = [{"reason": "TransitionSucceeded", "message": "all 2 owners are on x in 42.0s",
-               "lastTimestamp": "2027-01-15T08:00:00Z", "count": 1},
-              {"reason": "TransitionPlanned", "message": "transition a -> b: GraphOnly", "lastTimestamp":
+               "time": "2027-01-15T08:00:00Z", "count": 1},
+              {"reason": "TransitionPlanned", "message": "transition a -> b: GraphOnly", "time":
                "2027-01-15T07:59:18Z", "count": 1},
-              {"reason": "OwnerPodCreated", "message": "not a transition", "lastTimestamp": "2027-01-15T07:00:00Z"}]
+              {"reason": "OwnerPodCreated", "message": "not a transition", "time": "2027-01-15T07:00:00Z"}]
     text = "\n".join(view.render_history(model({"lastTransition": last}), events, NOW))
     assert "t-7  succeeded  " + OLD[:19] in text and "InPlace   GraphOnly  graph-swap  2" in text
     assert "actual     4.0 MiB  5.0 GiB  3.0 MiB" in text
@@ -117,3 +118,25 @@ def test_the_operator_never_imports_the_plugin_and_the_view_is_pure():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not imported & {"kubernetes", "urllib3", "kopf", "resident_operator"}
+
+
+def test_a_missing_model_and_a_missing_crd_are_told_apart():
+    import json
+
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from kubectl_resident import access
+
+    t = access.Target(namespace="models", name="llm", api=client.ApiClient(), context="prod")
+
+    def answer(status: int, body: str) -> str:
+        e = ApiException(status=status, reason="x")
+        e.body = body
+        return str(access._explain(e, t, "get"))
+
+    gone = json.dumps({"kind": "Status", "reason": "NotFound", "details": {"name": "llm", "kind": "residentmodels"}})
+    assert answer(404, gone) == "residentmodel 'llm' not found in namespace 'models' (context 'prod')"
+    assert answer(404, "404 page not found").startswith("the server has no residentmodels.resident.dev resource")
+    assert answer(403, json.dumps({"message": "no"})).startswith(
+        "forbidden: you cannot get residentmodels.resident.dev in namespace 'models'")
