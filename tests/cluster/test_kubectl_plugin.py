@@ -1,0 +1,185 @@
+"""``kubectl resident`` against the real API server: the console script that pyproject.toml
+registers, run as a process with a kubeconfig, as kubectl would run it from PATH.
+
+The test plays the operator: it writes the model's status and Events as admin."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from chart_accounts import service_account_token
+
+REPO = Path(__file__).resolve().parents[2]
+GROUP, VERSION, PLURAL = "resident.dev", "v1alpha1", "residentmodels"
+OLD, NEW = "sha256:" + "a1" * 32, "sha256:" + "b2" * 32
+MODEL = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResidentModel", "metadata": {"name": "llm"},
+         "spec": {"replicas": 2, "bundle": {"source": "file:///srv/bundles/llm", "digest": NEW}}}
+STARTED = time.time() - 30
+STATUS = {
+    "phase": "Transitioning", "ready": "1/2", "bundle": {"digest": OLD, "source": "file:///srv/bundles/llm"},
+    "owners": [
+        {"pod": "llm-owner-0-1", "uid": "u0", "slot": 0, "ready": True, "phase": "Running", "node": "node-a",
+         "state": "ready", "identity": {"bundle": NEW}},
+        {"pod": "llm-owner-1-1", "uid": "u1", "slot": 1, "ready": False, "phase": "Running", "node": "node-b",
+         "state": "transitioning", "identity": {"bundle": OLD}}],
+    "transition": {"id": "t-2", "from": OLD, "to": NEW, "toSource": "file:///srv/bundles/llm",
+                   "strategy": "InPlace", "path": "GraphOnly", "startedAt": STARTED, "owners": [
+                       {"slot": 0, "pod": "llm-owner-0-1", "podUID": "u0", "node": "node-a", "step": "Done",
+                        "bytes": {"fetched": 3 * 2**20, "reused": 5 * 2**30, "written": 3 * 2**20}},
+                       {"slot": 1, "pod": "llm-owner-1-1", "podUID": "u1", "node": "node-b",
+                        "step": "Delivering", "bytes": {"fetched": 2**20}}]},
+    "conditions": [{"type": "Transitioning", "status": "True", "reason": "TransitionInProgress",
+                    "message": "1/2 owners on the target", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    "lastTransition": {"id": "t-1", "from": "sha256:" + "99" * 32, "to": OLD, "strategy": "Reload",
+                       "path": "WholeBundle", "method": "reload", "result": "succeeded", "owners": 2, "replaced": 0,
+                       "bytes": {"fetched": 7 * 2**30, "reused": 0, "written": 7 * 2**30},
+                       "nodes": [{"node": "node-a", "owners": 1, "fetched": 7 * 2**29, "reused": 0,
+                                  "written": 7 * 2**29}],
+                       "durations": {"deliverSeconds": 61.5, "applySeconds": 12.25, "firstTokenSeconds": 0.5,
+                                     "totalSeconds": 80.0}},
+}
+
+
+def entry_point() -> list[str]:
+    """The command pyproject.toml installs as ``kubectl-resident`` (so its registration is tested)."""
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["kubectl-resident"]
+    module, func = target.split(":")
+    return [sys.executable, "-c", f"import sys; sys.argv[0] = 'kubectl-resident'; from {module} import {func}; {func}()"]
+
+
+def env(kubeconfig: str | None = None) -> dict[str, str]:
+    out = dict(os.environ, PYTHONPATH=f"{REPO}:{REPO / 'operator'}")
+    out.pop("KUBECONFIG", None)
+    if kubeconfig:
+        out["KUBECONFIG"] = kubeconfig
+    return out
+
+
+def plugin(*args: str, kubeconfig: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(entry_point() + list(args), env=env(kubeconfig), capture_output=True, text=True,
+                          timeout=30)
+
+
+@pytest.fixture
+def custom(cluster):
+    return client.CustomObjectsApi(cluster.api_client())
+
+
+@pytest.fixture
+def model(custom, namespace):
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, MODEL)
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "llm", {"status": STATUS})
+    return created
+
+
+def kubeconfig_in(cluster, namespace: str, tmp_path) -> str:
+    """The admin kubeconfig whose current context names ``namespace`` (no -n needed)."""
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    config["contexts"][0]["context"]["namespace"] = namespace
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_get_shows_owners_nodes_revisions_steps_and_conditions(cluster, namespace, model, tmp_path):
+    done = plugin("get", "llm", kubeconfig=kubeconfig_in(cluster, namespace, tmp_path))
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.startswith("  llm-owner")}
+    assert rows["llm-owner-0-1"][:7] == ["llm-owner-0-1", "0", "node-a", "yes", "ready", NEW[:19], "Done"]
+    assert rows["llm-owner-1-1"][:7] == ["llm-owner-1-1", "1", "node-b", "no", "transitioning", OLD[:19],
+                                         "Delivering"]
+    assert f"Namespace:   {namespace}" in done.stdout
+    assert f"{OLD[:19]} -> {NEW[:19]}  strategy InPlace, path GraphOnly" in done.stdout
+    assert "Transitioning  True    TransitionInProgress" in done.stdout
+    assert "Last transition: succeeded" in done.stdout
+
+
+def test_history_shows_last_transition_and_transition_events(cluster, namespace, model):
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespaced_event(namespace, client.CoreV1Event(
+        metadata=client.V1ObjectMeta(generate_name="llm."), reason="TransitionFailed", type="Warning",
+        message="transition to sha256:000000000000 failed: Timeout: too slow", count=1,
+        involved_object=client.V1ObjectReference(api_version=f"{GROUP}/{VERSION}", kind="ResidentModel",
+                                                 name="llm", namespace=namespace,
+                                                 uid=model["metadata"]["uid"])))
+    done = plugin("history", "llm", "-n", namespace, "--kubeconfig", cluster.kubeconfig)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "t-1  succeeded" in out and "Reload    WholeBundle  reload" in out
+    assert "actual  7.0 GiB  0 B     7.0 GiB" in out
+    assert "1m02s    12.2s  0.5s" in out   # deliver, apply, first token
+    assert "node-a  1       3.5 GiB" in out
+    assert "TransitionFailed  1      transition to sha256:000000000000 failed: Timeout: too slow" in out
+
+
+def test_watch_redraws_on_a_status_change_and_ctrl_c_exits_cleanly(cluster, namespace, model, custom):
+    proc = subprocess.Popen(entry_point() + ["get", "llm", "-n", namespace, "--watch"],
+                            env=env(cluster.kubeconfig), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+
+    def wait_for(text: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if text in lines.get(timeout=0.2):
+                    return
+            except queue.Empty:
+                assert proc.poll() is None, proc.stderr.read()
+        pytest.fail(f"the watch never printed {text!r}")
+
+    try:
+        wait_for("Phase:       Transitioning")
+        wait_for("Last transition:")   # the first view is complete: the watch starts after it
+        custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "llm", {"status": {
+            "phase": "Ready", "ready": "2/2", "transition": None}})
+        wait_for("Phase:       Ready")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_missing_model_is_a_clear_error(cluster, namespace):
+    done = plugin("get", "nope", "-n", namespace, kubeconfig=cluster.kubeconfig)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"error: residentmodel 'nope' not found in namespace {namespace!r} "
+                                   "(context 'resident-local')")
+
+
+def test_a_user_without_rbac_for_residentmodels_is_told_so(cluster, namespace, model, tmp_path):
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
+        metadata=client.V1ObjectMeta(name="nobody")))
+    path = str(tmp_path / "nobody.kubeconfig")
+    cluster.write_kubeconfig(path, service_account_token(core, namespace, "nobody"), "nobody")
+    done = plugin("history", "llm", "-n", namespace, "--kubeconfig", path)   # reads as get does
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: forbidden: you cannot get residentmodels.resident.dev in "
+                                  f"namespace {namespace!r}"), done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_no_api_server_is_a_clear_error(cluster, tmp_path):
+    path = str(tmp_path / "gone.kubeconfig")
+    cluster.write_kubeconfig(path, "token", "someone", server="https://127.0.0.1:1")
+    done = plugin("get", "llm", kubeconfig=path)
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: cannot reach the API server of context 'resident-local' at "
+                                  "https://127.0.0.1:1"), done.stderr
