@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -27,6 +26,7 @@ from bundle.sources.oci import CONFIG_TYPE, LAYER_TYPE, TITLE, push_oci
 from bundle.sources.oci_auth import Credentials
 from bundle.sources.oci_registry import OCI_MANIFEST, Reference, Registry
 from localcluster.processes import free_port
+from testkit.relay import CuttingRelay
 
 from servers import running_registry
 
@@ -167,73 +167,17 @@ def test_a_registry_that_is_down_is_unavailable(bundle_dir):
         push(bundle_dir, f"oci://127.0.0.1:{port}/x:v1")
 
 
-class DroppingProxy:
-    """A TCP proxy on 127.0.0.1 that cuts the first response stream after ``cut`` bytes."""
-
-    def __init__(self, upstream: tuple[str, int], cut: int) -> None:
-        self.upstream, self.cut, self.dropped = upstream, cut, False
-        self.requests: list[bytes] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = [self.listener]
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            self.sockets += [client, server]
-            for src, dst, down in ((client, server, False), (server, client, True)):
-                t = threading.Thread(target=self._pipe, args=(src, dst, down), daemon=True)
-                self.threads.append(t)
-                t.start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, down: bool) -> None:
-        sent = 0
-        try:
-            while data := src.recv(4096):
-                if not down:
-                    self.requests.append(data)
-                elif not self.dropped and sent + len(data) > self.cut:
-                    self.dropped = True
-                    dst.sendall(data[:self.cut - sent])
-                    break
-                dst.sendall(data)
-                sent += len(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        for s in self.sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked in accept/recv
-            except OSError:
-                pass
-            s.close()
-        for t in self.threads:
-            t.join(5)
-
-
 def test_reads_from_the_registry_resume_after_a_dropped_connection(registry, repo, bundle_dir):
     digest = push(bundle_dir, repo)
     host, port = registry[0].split(":")
-    proxy = DroppingProxy((host, int(port)), cut=12000)
+    proxy = CuttingRelay((host, int(port)), after=12000)
     try:
         via = f"oci://127.0.0.1:{proxy.port}/{Reference.parse(repo).name}"
         with open_source(via, FAST) as src:
             big = src.fetch_manifest(digest).by_path()["model.safetensors"]
             data = fetch_verified(src, big, 0, big.size, big.sha256)
         assert data == (bundle_dir / "model.safetensors").read_bytes()
-        assert proxy.dropped
+        assert proxy.cuts == 0   # the one cut happened
         sent = b"".join(proxy.requests).decode(errors="replace")
         resumed = [int(r) for r in re.findall(r"Range: bytes=(\d+)-", sent)]
         assert resumed[0] == 0 and len(resumed) == 2 and 0 < resumed[1] < 12000

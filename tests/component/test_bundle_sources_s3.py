@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from bundle.sources.s3 import MIN_PART_SIZE, S3Location, push_s3
 from bundle.store import Store
 from localcluster.processes import free_port
 
+from testkit.relay import CuttingRelay
 from testkit.s3_server import CREDENTIALS, S3_DOMAIN, admin_client
 
 CHUNK = 64 * 1024
@@ -207,57 +206,11 @@ def test_a_truncated_or_altered_blob_is_an_integrity_mismatch(uri, s3_endpoint, 
     assert not (tmp_path / "store" / "revisions").exists() or not any((tmp_path / "store" / "revisions").iterdir())
 
 
-class CuttingRelay:
-    """A TCP relay to the real server that cuts each of the first ``cuts`` object bodies
-    after ``after`` bytes of response (the network dropping a download)."""
-
-    def __init__(self, upstream_port: int, after: int, cuts: int) -> None:
-        self.upstream, self.after, self.cuts = upstream_port, after, cuts
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        up = socket.create_connection(("127.0.0.1", self.upstream))
-        threading.Thread(target=self._pipe, args=(client, up, None), daemon=True).start()
-        self._pipe(up, client, self)
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, cutter) -> None:
-        sent = 0
-        try:
-            while data := src.recv(65536):
-                if cutter is not None and cutter.cuts > 0 and sent + len(data) > cutter.after:
-                    dst.sendall(data[:cutter.after - sent])
-                    cutter.cuts -= 1
-                    break
-                dst.sendall(data)
-                sent += len(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_a_dropped_download_resumes_from_the_byte_it_reached(uri, s3_endpoint, s3_bucket, s3_prefix, tmp_path):
     weights = os.urandom(8 * CHUNK)
     digest = write_bundle(tmp_path / "b", weights)
     push(tmp_path / "b", uri, credentials=CREDENTIALS)
-    relay = CuttingRelay(int(s3_endpoint.rsplit(":", 1)[1]), after=3 * CHUNK, cuts=0)
+    relay = CuttingRelay(("127.0.0.1", int(s3_endpoint.rsplit(":", 1)[1])), after=3 * CHUNK, cuts=0)
     try:
         via = f"s3://{s3_bucket}/{s3_prefix}/tiny?endpoint=http://127.0.0.1:{relay.port}"
         with open_source(via, FAST, CREDENTIALS) as src:
