@@ -264,6 +264,12 @@ def condition(rm: dict, type_: str) -> dict:
     return next((c for c in rm.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
 
 
+def pod_log(core: client.CoreV1Api, name: str, namespace: str) -> str:
+    """The Pod's log as text. Read raw: the client (from version 32) deserializes the body by
+    its content, so a line of JSON came back as a dict's repr and plain text as bytes' repr."""
+    return core.read_namespaced_pod_log(name, namespace, _preload_content=False).data.decode()
+
+
 def node_state(root: Path) -> dict[str, list]:
     """Leases and publications in the bridge's databases, and CSI mounts on the node."""
     def rows(db: Path, query: str) -> list:

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from kubernetes import client
 
 from bundle.cpu_model import make_revision
 from localcluster.install import install
 from localcluster.node import LocalCluster
-from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
+from localcluster.scenario import CHUNK, GROUP, VERSION, BundleServer, Story, make_bundles, model_body
 
 SIZE = 16 * 2**20
 
@@ -81,3 +82,18 @@ def slow_url(world, tmp_path_factory):
     with BundleServer(world.server.root, tmp_path_factory.mktemp("slow-logs"), rate=256 << 10,
                       cluster=world.cluster) as slow:
         yield slow.url
+
+
+@pytest.fixture(autouse=True)
+def no_model_outlives_its_test(request):
+    """After a test on the shared cluster, delete every ResidentModel it left (a failed test
+    stops before its own cleanup): the tests after it check the node's leases and mounts, and
+    a leftover model would fail them for a reason that is not theirs."""
+    yield
+    if "world" not in request.fixturenames:
+        return
+    world = request.getfixturevalue("world")
+    custom = client.CustomObjectsApi(world.cluster.api_client())
+    for rm in custom.list_cluster_custom_object(GROUP, VERSION, "residentmodels")["items"]:
+        meta = rm["metadata"]
+        Story(world.cluster, meta["namespace"], meta["name"], world.installation.bridge_root).delete_and_wait_gone()

@@ -26,6 +26,7 @@ from localcluster.images import cached_image_names, pause_image, project_image
 from localcluster.node import LocalCluster, LocalClusterBusy
 from localcluster.oci_layout import OciLayoutError
 from localcluster.processes import free_port
+from localcluster.scenario import pod_log
 from localcluster.teardown import RECORD
 
 from machine_state import alive, iptables_state, mounts_below, sysctls
@@ -137,7 +138,7 @@ def test_project_image_runs_resident_help_in_a_pod(node, namespace):
         allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"]))
     core.create_namespaced_pod(namespace, pod_)
     done = wait_phase(core, namespace, "help", {"Succeeded", "Failed"})
-    logs = core.read_namespaced_pod_log("help", namespace)   # API server -> kubelet, verified TLS
+    logs = pod_log(core, "help", namespace)   # API server -> kubelet, verified TLS
     assert done.status.phase == "Succeeded", logs
     uid, _, usage = logs.partition("\n")
     assert uid == "10001"
@@ -166,7 +167,7 @@ def test_pods_have_their_own_addresses_and_a_service_answers_by_cluster_ip_and_b
     core.create_namespaced_pod(namespace, pod("client", image, [
         "python3", "-c", f"import urllib.request; print(urllib.request.urlopen('{url}', timeout=10).read().decode())"]))
     done = wait_phase(core, namespace, "client", {"Succeeded", "Failed"})
-    logs = core.read_namespaced_pod_log("client", namespace)
+    logs = pod_log(core, "client", namespace)
     assert done.status.phase == "Succeeded" and "resident" in logs, logs
 
 

@@ -15,6 +15,7 @@ import time
 
 import openai
 
+from localcluster.scenario import pod_log
 from localcluster.traffic import ClosedLoop
 from polling import wait_for
 
@@ -44,7 +45,7 @@ def call_from_a_pod(story, url: str) -> dict:
                 "python3", "-c", f"import urllib.request; print(urllib.request.urlopen('{url}', timeout=20).read().decode())"])])))
     done = wait_for(lambda: story.core.read_namespaced_pod(name, story.namespace).status.phase in ("Succeeded", "Failed")
                     and story.core.read_namespaced_pod(name, story.namespace), timeout=90, what=f"{name} finished")
-    logs = story.core.read_namespaced_pod_log(name, story.namespace)
+    logs = pod_log(story.core, name, story.namespace)
     story.core.delete_namespaced_pod(name, story.namespace, grace_period_seconds=0)
     assert done.status.phase == "Succeeded", logs
     return json.loads(logs)
