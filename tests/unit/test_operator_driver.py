@@ -40,6 +40,12 @@ def test_next_wait_prefers_again_then_the_earliest_due_within_the_resync():
 
 def test_a_burst_during_a_pass_causes_exactly_one_more_pass_and_passes_never_overlap():
     calls, running, overlaps = [], threading.Lock(), []
+    first_pass_may_end = threading.Event()    # the burst lands inside the first pass, however slow the machine
+
+    async def until(n: int, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(calls) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     async def scenario():
         handle, stopped = ModelHandle("ns", "m", "uid"), Stopped()
@@ -50,23 +56,24 @@ def test_a_burst_during_a_pass_causes_exactly_one_more_pass_and_passes_never_ove
                 return FollowUp()
             try:
                 calls.append(time.monotonic())
-                time.sleep(0.2)
+                first_pass_may_end.wait(5)
                 return FollowUp()
             finally:
                 running.release()
 
         with ThreadPoolExecutor(4) as pool:
             task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 300))
-            await asyncio.sleep(0.05)           # the first pass runs (a new driver starts with one)
+            await until(1)                      # the first pass runs (a new driver starts with one)
             for _ in range(50):                 # a burst of events during that pass
                 handle.poke("pod")
-                await asyncio.sleep(0.001)
-            await asyncio.sleep(0.6)            # first pass ends, exactly one more runs
-            assert len(calls) == 2
+                await asyncio.sleep(0)
+            first_pass_may_end.set()
+            await until(2)                      # first pass ends, exactly one more runs
             await asyncio.sleep(0.3)
             assert len(calls) == 2              # settled: nothing more without an event
             handle.poke("delivery")
-            await asyncio.sleep(0.3)
+            await until(3)
+            await asyncio.sleep(0.1)
             assert len(calls) == 3
             stopped.flag.set()
             await asyncio.wait_for(task, 2)
