@@ -4,7 +4,9 @@ A benchmark runs its arms side by side on the same machine, n >= 5 rounds, alter
 the order each round (ABAB..., then BABA...), and writes every sample to ``raw.json``.
 ``summarize`` turns raw samples into median and IQR per arm and the ratios between arms;
 each folder's ``verify.py`` calls it again on ``raw.json`` and checks that the stored
-``summary.json`` matches, so no figure exists that the raw data does not produce.
+``summary.json`` matches, so no figure exists that the raw data does not produce. The
+pictures follow the same path: ``draw`` (plots.py) runs on the raw data only after its
+summary is reproduced, and writes the PNGs next to it.
 """
 
 from __future__ import annotations
@@ -87,16 +89,25 @@ def provenance(before: dict, after: dict) -> dict:
     return out
 
 
-def write(folder: Path, raw: dict, summary: dict) -> None:
+Draw = Callable[[dict, Path], list[Path]]
+
+
+def write(folder: Path, raw: dict, summary: dict, draw: Draw | None = None) -> None:
+    """Write raw.json and summary.json, and the PNGs ``draw`` makes from the raw data."""
     (folder / "raw.json").write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
     (folder / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    if draw:
+        draw(raw, folder)
 
 
-def verify(folder: Path, recompute: Callable[[dict], dict]) -> None:
-    """Recompute the summary from raw.json and fail loudly if summary.json differs."""
+def verify(folder: Path, recompute: Callable[[dict], dict], draw: Draw | None = None) -> None:
+    """Recompute the summary from raw.json and fail loudly if summary.json differs; then
+    redraw the folder's PNGs from the same raw data."""
     raw = json.loads((folder / "raw.json").read_text())
     stored = json.loads((folder / "summary.json").read_text())
     fresh = json.loads(json.dumps(recompute(raw), sort_keys=True))
     if fresh != stored:
         raise SystemExit(f"{folder}: summary.json does not match raw.json\nstored={stored}\nfresh={fresh}")
     print(f"{folder.name}: summary reproduced from {folder / 'raw.json'}")
+    for png in draw(raw, folder) if draw else []:
+        print(f"{folder.name}: drew {png.name}")

@@ -10,11 +10,15 @@ compares across arms.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import benchkit
 from owner import api
 
 METRIC = "to_first_token_seconds"
+# the owner's own steps of a transition, which add up to METRIC (timings.totalSeconds)
+STEPS = {"stage": "stage_seconds", "apply": "apply_seconds", "verify": "verify_seconds",
+         "first token": "first_token_seconds"}
 
 
 def sample(owner, digests: dict, strategy: str, cold: bool, prompt: str, path: str = "WholeBundle") -> dict:
@@ -50,3 +54,18 @@ def summary(raw: dict, ratios: dict[str, tuple[str, str]], reload_arms: tuple[st
     out["ceiling_if_in_place_cost_only_its_first_token"] = {
         f"{arm}_over_in_place_first_token": out["arms"][arm]["median"] / token["median"] for arm in reload_arms}
     return out
+
+
+def draw(raw: dict, folder: Path, arms: dict, title: str) -> list[Path]:
+    """phases.png: each arm's transition stacked by the owner's steps, from the raw samples;
+    ``arms`` is the summary's per-arm statistics of METRIC (its median and IQR beside each bar)."""
+    import plots
+    order = plots.arms_in_order(raw)
+    median = lambda arm, key: benchkit.stats([s[key] for s in raw["samples"] if s["arm"] == arm])["median"]  # noqa: E731
+    n = min(arms[a]["n"] for a in order)
+    return [plots.phases(
+        folder / "phases.png", title, order,
+        {step: [median(arm, key) for arm in order] for step, key in STEPS.items()},
+        [arms[arm] for arm in order],
+        plots.footnote(raw, f"n = {n} per arm, alternating; segments: median of each step; "
+                            "dot and whisker: median and IQR to the first token"))]

@@ -241,6 +241,27 @@ def recompute(raw: dict) -> dict:
     return out
 
 
+def draw(raw: dict, folder: Path) -> list[Path]:
+    """seconds.png (every arm, median and IQR, log scale) and bytes.png (what each delivery
+    fetched against what it reused from the donor), from raw.json."""
+    import plots
+    samples, arms = raw["samples"], recompute(raw)["arms"]
+    order = plots.arms_in_order(raw)
+    size = raw["config"]["size"] // 2**20
+    rounds = " or ".join(map(str, sorted({st["n"] for st in arms.values()})))
+    timing = plots.medians(
+        folder / "seconds.png", f"01: a node's store materializes a revision ({size} MiB weights)",
+        [("seconds (log scale)", {arm: arms[arm] for arm in order})],
+        plots.footnote(raw, f"n = {rounds} per arm, alternating; bars: medians, "
+                            "whiskers: IQR; floor_copy_ext4 is a bare copy + fsync, not a delivery"), log=True)
+    deliveries = [arm for arm in order if not arm.startswith("floor_copy")]
+    moved = plots.fetched_reused(
+        folder / "bytes.png", f"01: bytes per delivery ({size} MiB weights)",
+        {arm: (median(samples, arm, "fetched"), median(samples, arm, "reused")) for arm in deliveries},
+        plots.footnote(raw, f"n = {rounds} per arm, medians; reused: bytes taken from the donor revision"))
+    return [timing, moved]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=parse_size, default=2 << 30, help="large weights (2GiB)")
@@ -288,7 +309,7 @@ def main() -> None:
            "samples": samples}
     summary = recompute(raw)
     args.out.mkdir(parents=True, exist_ok=True)
-    benchkit.write(args.out, raw, summary)
+    benchkit.write(args.out, raw, summary, draw)
     print(json.dumps({"ratios": summary["ratios"], "targets": summary["targets"]}, indent=1))
 
 

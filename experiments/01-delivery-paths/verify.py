@@ -10,7 +10,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchkit  # noqa: E402
-from run import recompute  # noqa: E402
+from run import draw, recompute  # noqa: E402
 
 METHOD = {"rebase": "rebase", "reconstruct": "reconstruct", "graph_only": "graph-only"}
 
@@ -29,7 +29,7 @@ for s in raw["samples"]:
         problems.append(f"{s['arm']} round {s['round']}: reconstruct fetched only {s['fetched']}")
 if problems:
     raise SystemExit("unsound samples:\n" + "\n".join(problems))
-benchkit.verify(HERE, recompute)
+benchkit.verify(HERE, recompute, draw)
 summary = json.loads((HERE / "summary.json").read_text())
 for name, value in summary["ratios"].items():
     print(f"  {name:<38} {value:8.2f}x")

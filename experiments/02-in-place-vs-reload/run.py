@@ -83,6 +83,12 @@ def recompute(raw: dict) -> dict:
     return owner_transition.summary(raw, RATIOS, ("reload_reuse", "reload_cold"))
 
 
+def draw(raw: dict, folder: Path) -> list[Path]:
+    scope = raw["scope"]
+    title = f"02: owner transition to first token, cpu backend, {scope['mib']} MiB ({scope['scenario']})"
+    return owner_transition.draw(raw, folder, recompute(raw)["arms"], title)
+
+
 def concentrated(config: dict, fraction: float) -> tuple[list[str], float]:
     """Tensors and per-tensor fraction that change ``fraction`` of all weight bytes."""
     shapes = dict(tensor_shapes(config))
@@ -159,7 +165,7 @@ def main() -> None:
     summary = recompute(raw)
     out = HERE if args.scenario == "spread" else HERE / args.scenario
     out.mkdir(exist_ok=True)
-    benchkit.write(out, raw, summary)
+    benchkit.write(out, raw, summary, draw)
     print(summary)
 
 

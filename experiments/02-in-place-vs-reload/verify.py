@@ -12,7 +12,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchkit  # noqa: E402
-from run import recompute  # noqa: E402
+from run import draw, recompute  # noqa: E402
 
 
 def check_rows(folder: Path, samples: list[dict]) -> None:
@@ -48,7 +48,7 @@ def check(folder: Path) -> None:
         check_rows(folder, samples)
     if len({s["round"] for s in samples}) < 5:
         raise SystemExit(f"{folder}: fewer than 5 rounds")
-    benchkit.verify(folder, recompute)
+    benchkit.verify(folder, recompute, draw)
 
 
 for folder in (HERE, HERE / "concentrated", HERE / "graph-only"):

@@ -78,6 +78,45 @@ def recompute(raw: dict) -> dict:
     return summary
 
 
+# Where a transition's time goes, per sample; the four add up to total_seconds exactly
+# (the operator's share is defined as the rest: transition_summary.py).
+PHASES = {
+    "bridge stages the revision": lambda s: s["staging_seconds"],
+    "owner applies it": lambda s: s["owner_seconds"] - s["first_token_seconds"],
+    "owner's first token": lambda s: s["first_token_seconds"],
+    "operator's share": lambda s: s["overhead_seconds"],
+}
+
+
+def draw(raw: dict, folder: Path) -> list[Path]:
+    """phases.png (each arm's time, stacked by phase) and bytes.png (fetched against reused)
+    from raw.json; a run from before the phases were recorded gets its totals instead."""
+    import plots
+    samples, summary = raw["samples"], recompute(raw)
+    arms = list(ARMS)
+    config = raw["config"]
+    where = f"{config['size_mib']} MiB, {'XFS' if config.get('store_fs') == 'xfs' else 'ext4'} store"
+    n = min(st["n"] for st in summary["arms"].values())
+    median = lambda arm, value: benchkit.stats([value(s) for s in samples if s["arm"] == arm])["median"]  # noqa: E731
+    if all("staging_seconds" in s for s in samples):
+        timing = plots.phases(
+            folder / "phases.png", f"09: spec change to first token, by phase ({where})", arms,
+            {label: [median(arm, value) for arm in arms] for label, value in PHASES.items()},
+            [summary["arms"][arm] for arm in arms],
+            plots.footnote(raw, f"n = {n} per arm, alternating; segments: median of each phase; "
+                                "dot and whisker: median and IQR of the total"))
+    else:
+        timing = plots.medians(
+            folder / "totals.png", f"09: spec change to first token ({where}, 1 s tick operator)",
+            [("seconds", {arm: summary["arms"][arm] for arm in arms})],
+            plots.footnote(raw, f"n = {n} per arm, alternating; bars: medians, whiskers: IQR"))
+    moved = plots.fetched_reused(
+        folder / "bytes.png", f"09: bytes per switch ({where})",
+        {arm: (median(arm, lambda s: s["fetched"]), median(arm, lambda s: s["reused"])) for arm in arms},
+        plots.footnote(raw, f"n = {n} per arm, medians; reused: bytes the node's store already held"))
+    return [timing, moved]
+
+
 def wait_until(what: str, probe):
     return benchkit.wait_until(what, probe, timeout=600.0, every=0.02)
 
@@ -189,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
            "samples": samples, "status_lag_seconds": lags}
     summary = recompute(raw)
     out.mkdir(parents=True, exist_ok=True)
-    benchkit.write(out, raw, summary)
+    benchkit.write(out, raw, summary, draw)
     for name, value in summary["ratios"].items():
         print(f"{name:<30} {value:6.2f}x")
     return 0

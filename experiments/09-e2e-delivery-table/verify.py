@@ -11,7 +11,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchkit  # noqa: E402
-from run import recompute  # noqa: E402
+from run import draw, recompute  # noqa: E402
 
 # arm: (path, methods, strategy). With rebase Auto the bridge may reconstruct instead when
 # the node's filesystem cannot clone and copying costs more than fetching (docs/bundle.md).
@@ -34,6 +34,6 @@ for folder in folders:
                 or s["strategy"] != WANT[s["arm"]][2] or s["result"] != "succeeded"]
     if problems:
         raise SystemExit(f"{folder.name}: samples that did not take their arm's path:\n" + "\n".join(problems))
-    benchkit.verify(folder, recompute)
+    benchkit.verify(folder, recompute, draw)
     for name, value in json.loads((folder / "summary.json").read_text())["ratios"].items():
         print(f"  {name:<30} {value:6.2f}x")

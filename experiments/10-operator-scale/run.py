@@ -67,6 +67,26 @@ def recompute(raw: dict) -> dict:
     return {m: benchkit.summarize(raw["samples"], m, RATIOS) for m in METRICS}
 
 
+PANELS = {"requests_per_model_minute": "API requests per model and minute",
+          "cpu_fraction": "CPU, settled (fraction of one core)",
+          "rss_mib": "RSS at the end, MiB",
+          "converge_seconds": "last create to all with conditions, s"}
+
+
+def draw(raw: dict, folder: Path) -> list[Path]:
+    """cost.png: each metric of the summary per arm, median and IQR (raw.json holds one
+    model count, so the picture compares the arms at that count, not across counts)."""
+    import plots
+    summary = recompute(raw)
+    n = summary[METRICS[0]]["arms"]["event"]["n"]
+    return [plots.medians(
+        folder / "cost.png",
+        f"10: {raw['config']['models']} models, settled: poll ({raw['config']['poll_commit']}) vs event-driven",
+        [(PANELS[m], {arm: summary[m]["arms"][arm] for arm in ARMS}) for m in METRICS],
+        plots.footnote(raw, f"n = {n} per arm, alternating; bars: medians, whiskers: IQR; "
+                            f"settled window {raw['config']['settle_seconds']:.0f} s"))]
+
+
 def operator_tree(work: Path, arm: str) -> Path:
     """The ``operator/`` folder an arm runs: this checkout's, or POLL_COMMIT's unpacked."""
     if arm == "event":
@@ -215,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
            **benchkit.provenance(machine_before, benchkit.machine()), "samples": samples}
     summary = recompute(raw)
     args.out.mkdir(parents=True, exist_ok=True)
-    benchkit.write(args.out, raw, summary)
+    benchkit.write(args.out, raw, summary, draw)
     for m in METRICS:
         arms = summary[m]["arms"]
         ratio = summary[m]["ratios"]["poll_over_event"]

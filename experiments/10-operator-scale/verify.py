@@ -10,8 +10,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchkit  # noqa: E402
-from run import recompute  # noqa: E402
+from run import draw, recompute  # noqa: E402
 
 if __name__ == "__main__":
     for folder in [HERE, *sorted(p.parent for p in HERE.glob("*/raw.json"))]:
-        benchkit.verify(folder, recompute)
+        benchkit.verify(folder, recompute, draw)

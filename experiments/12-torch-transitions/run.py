@@ -63,6 +63,12 @@ def recompute(raw: dict) -> dict:
     return owner_transition.summary(raw, RATIOS, ("reload_keep", "reload_cold"))
 
 
+def draw(raw: dict, folder: Path) -> list[Path]:
+    scope = raw["scope"]
+    title = f"12: owner transition to first token, torch on the CPU, {scope['mib']} MiB asked"
+    return owner_transition.draw(raw, folder, recompute(raw)["arms"], title)
+
+
 def prepare(work: Path, mib: int, fraction: float) -> tuple[Path, dict]:
     src, vol = work / "src", work / "vol"
     shutil.rmtree(work, ignore_errors=True)
@@ -110,7 +116,7 @@ def main() -> None:
                      "bytes_resident": resident.bytes, "prompt": PROMPT},
            **benchkit.provenance(before, benchkit.machine()), "samples": samples}
     summary = recompute(raw)
-    benchkit.write(HERE, raw, summary)
+    benchkit.write(HERE, raw, summary, draw)
     print(summary)
 
 

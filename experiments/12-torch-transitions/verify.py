@@ -12,7 +12,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchkit  # noqa: E402
-from run import recompute  # noqa: E402
+from run import draw, recompute  # noqa: E402
 
 raw = json.loads((HERE / "raw.json").read_text())
 samples = raw["samples"]
@@ -31,4 +31,4 @@ if any(s["arm"] == "reload_cold" and s["graph_reused"] is not False for s in sam
     raise SystemExit("a reload_cold sample kept the module")
 if len({s["round"] for s in samples}) < 5:
     raise SystemExit("fewer than 5 rounds")
-benchkit.verify(HERE, recompute)
+benchkit.verify(HERE, recompute, draw)

@@ -65,6 +65,47 @@ def recompute(raw: dict) -> dict:
     return out
 
 
+# A lost node's recovery, per sample, as consecutive stretches that add up to full strength.
+LOSS_STRETCHES = {
+    "until the Node turns Unknown": lambda s: s["node_unknown_seconds"],
+    "until the model names the node": lambda s: s["named_seconds"] - s["node_unknown_seconds"],
+    "until 3 owners serve elsewhere": lambda s: s["full_strength_seconds"] - s["named_seconds"],
+}
+
+
+def draw(raw: dict, folder: Path) -> list[Path]:
+    """switch.png (spread against packed: time and bytes from the origin), bytes.png
+    (what each node's bridge fetched and reused) and node-loss.png, from raw.json."""
+    import plots
+    samples, arms = raw["samples"], recompute(raw)["arms"]
+    size = f"{raw['config']['size_mib']} MiB"
+    n = arms["spread_switch"]["wall_seconds"]["n"]
+    median = lambda values: benchkit.stats(list(values))["median"]  # noqa: E731
+    switch = plots.medians(
+        folder / "switch.png", f"13: a 3-replica model switches ({size}): 3 nodes (spread) or 1 (packed)",
+        [("spec patch to every owner Ready, s", {a: arms[a]["wall_seconds"] for a in SWITCH_ARMS}),
+         ("fetched from the origin, all nodes, MiB", {a: arms[a]["fetched_mib_total"] for a in SWITCH_ARMS})],
+        plots.footnote(raw, f"n = {n} per arm, alternating; bars: medians, whiskers: IQR"))
+    rows = {}
+    for arm in SWITCH_ARMS:
+        mine = [s for s in samples if s["arm"] == arm]
+        for node in sorted({row["node"] for s in mine for row in s["nodes"]}):
+            here = [row for s in mine for row in s["nodes"] if row["node"] == node]
+            rows[f"{arm} {node} ({here[0]['owners']} owner{'s' if here[0]['owners'] > 1 else ''})"] = (
+                median(r["fetched"] for r in here), median(r["reused"] for r in here))
+    moved = plots.fetched_reused(
+        folder / "bytes.png", f"13: bytes each node's bridge moved per switch ({size})", rows,
+        plots.footnote(raw, f"n = {n} per arm, medians; reused: bytes the node's store already held"))
+    loss = [s for s in samples if s["arm"] == "node_loss"]
+    recovery = plots.phases(
+        folder / "node-loss.png", f"13: a node running an owner is powered off ({size})", ["node_loss"],
+        {label: [median(map(value, loss))] for label, value in LOSS_STRETCHES.items()},
+        [arms["node_loss"]["full_strength_seconds"]],
+        plots.footnote(raw, f"n = {len(loss)}; segments: median of each stretch; dot and whisker: "
+                            "median and IQR of the time to full strength"))
+    return [switch, moved, recovery]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
@@ -190,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
            **benchkit.provenance(before, benchkit.machine()), "samples": samples}
     summary = recompute(raw)
     out.mkdir(parents=True, exist_ok=True)
-    benchkit.write(out, raw, summary)
+    benchkit.write(out, raw, summary, draw)
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -10,7 +10,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchkit  # noqa: E402
-from run import SWITCH_ARMS, recompute  # noqa: E402
+from run import SWITCH_ARMS, draw, recompute  # noqa: E402
 
 folders = sorted(p.parent for p in HERE.glob("*/raw.json"))
 if not folders:
@@ -24,7 +24,7 @@ for folder in folders:
                  if s["arm"] in SWITCH_ARMS and len(s["nodes"] or []) != (3 if s["arm"] == "spread_switch" else 1)]
     if problems:
         raise SystemExit(f"{folder.name}: samples off their arm:\n" + "\n".join(problems))
-    benchkit.verify(folder, recompute)
+    benchkit.verify(folder, recompute, draw)
     summary = json.loads((folder / "summary.json").read_text())
     for name, value in summary["ratios"].items():
         print(f"  {name:<40} {value if value is None else round(value, 2)}")
