@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .demo_picture import draw_transitions
 from .demo_summary import DemoFacts, node_table, summary, transition_line
 from .images import cached_image_names, owner_torch_image, project_image
 from .install import install
@@ -188,6 +189,11 @@ def run(size_mib: int, work: Path, keep: bool, backend: str = "cpu", nodes: int 
         if not model.image:
             show_completion(story, model.prompt, model.transitions[-1][1].upper(), facts)
         show_events(cluster, facts)
+        facts.picture = draw_transitions(facts.transitions, work / "transitions.png",
+                                         f"{NAMESPACE}/{NAME}: revision switches ({backend}, {size_mib} MiB)")
+        stamp("the model as `kubectl resident get` shows it (the project's kubectl plugin):")
+        detail(cluster.kubectl("resident", "get", NAME, "-n", NAMESPACE).stdout)
+        detail(cluster.kubectl("resident", "history", NAME, "-n", NAMESPACE).stdout)
 
         deleted = time.monotonic()
         story.delete_and_wait_gone()

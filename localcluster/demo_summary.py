@@ -11,6 +11,7 @@ own clock, never from a constant.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .progress import duration
 from .scenario import format_table, transition_row
@@ -26,6 +27,7 @@ class DemoFacts:
     transitions: list[tuple[str, dict]] = field(default_factory=list)  # (label, status.lastTransition)
     owner_pods: list[str] = field(default_factory=list)   # owner Pod UIDs seen before and after the switches
     leftovers: dict[str, list] = field(default_factory=dict)
+    picture: Path | None = None                 # the switches drawn (demo_picture)
     teardown_seconds: float | None = None
     total_seconds: float = 0.0
 
@@ -68,6 +70,8 @@ def summary(facts: DemoFacts) -> str:
     same_pod = len(set(facts.owner_pods)) == 1 and len(facts.owner_pods) > 1
     claims.append(f"{len(facts.transitions)} revision switches{', all in the same owner Pod' if same_pod else ''}:"
                   + "".join(f"\n      {transition_line(label, last)}" for label, last in facts.transitions))
+    if facts.picture:
+        claims.append(f"where each switch's time went (bridge, owner, operator), drawn: {facts.picture}")
     left = {what: items for what, items in facts.leftovers.items() if items}
     kinds = ", ".join(facts.leftovers) or "nothing checked"
     claims.append(f"deleting the model left nothing behind (checked: {kinds})" if not left
