@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.oldest   # run again on the oldest declared Kubernetes (scripts/test)
+
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # charts/ is a folder of scripts, not an installed package
     sys.path.insert(0, str(REPO))

@@ -14,6 +14,8 @@ import pytest
 from localcluster.binaries import kubernetes_version
 from localcluster.controlplane import ControlPlane
 
+pytestmark = pytest.mark.oldest   # run again on the oldest declared Kubernetes (scripts/test)
+
 
 def _alive(pid: int) -> bool:
     try:

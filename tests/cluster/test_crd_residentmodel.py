@@ -14,6 +14,8 @@ from kubernetes.client.rest import ApiException
 
 from spec_refusals import ACCEPTED, REFUSALS, UNKNOWN_RESOURCES_FIELD
 
+pytestmark = pytest.mark.oldest   # run again on the oldest declared Kubernetes (scripts/test)
+
 GROUP, VERSION, PLURAL = "resident.dev", "v1alpha1", "residentmodels"
 DIGEST = "sha256:" + "ab" * 32
 VALID = {

@@ -24,6 +24,8 @@ from resident_operator.kube import Kube
 from resident_operator.settings import settings_from_env
 from resident_operator.sweep import sweep_once
 
+pytestmark = pytest.mark.oldest   # run again on the oldest declared Kubernetes (scripts/test)
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

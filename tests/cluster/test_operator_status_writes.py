@@ -32,6 +32,8 @@ from resident_operator.context import ModelContext
 from resident_operator.kube import Kube, StatusConflict
 from resident_operator.reconcile import state_of
 
+pytestmark = pytest.mark.oldest   # run again on the oldest declared Kubernetes (scripts/test)
+
 MODELS = [f"m{i}" for i in range(6)]
 REPLICAS = 2
 CHILDREN = REPLICAS + 4   # owner Pods, the token Secret, Service, PodDisruptionBudget, NetworkPolicy
