@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 log = logging.getLogger("resident.bridge.gc")
 
@@ -30,7 +31,8 @@ log = logging.getLogger("resident.bridge.gc")
 class Collector:
     def __init__(self, store, high_water_bytes: int | None, low_water_bytes: int | None,
                  interval_seconds: float = 300.0, high_water_percent: float | None = None,
-                 low_water_percent: float | None = None):
+                 low_water_percent: float | None = None,
+                 on_failure: Callable[[], None] = lambda: None):
         if high_water_bytes is not None:
             low_water_bytes = high_water_bytes * 8 // 10 if low_water_bytes is None else low_water_bytes
             if not 0 <= low_water_bytes <= high_water_bytes:
@@ -46,6 +48,7 @@ class Collector:
         self.high_bytes, self.low_bytes = high_water_bytes, low_water_bytes
         self.high_percent, self.low_percent = high_water_percent, low_water_percent
         self.interval = interval_seconds
+        self.on_failure = on_failure   # counts failed passes (resident_store_gc_failures_total)
         self.guard = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -76,6 +79,7 @@ class Collector:
                 removed = self.store.gc(high, low)
             except Exception as e:  # GC failing must not take the bridge down
                 log.error("store GC failed", extra={"error": f"{type(e).__name__}: {e}"})
+                self.on_failure()
                 return []
         if removed:
             log.info("store GC removed revisions", extra={"digest": removed})

@@ -37,6 +37,12 @@ class BridgeMetrics:
         self.fetch_failures = Counter(
             "resident_fetch_failures_total", "Failed fetches of a revision for a publish, by the "
             "gRPC code the publish answers", ["code"], registry=r)
+        self.unauthorized_mounts = Counter(
+            "resident_unauthorized_mounts_total", "Publishes refused because the Pod's namespace "
+            "may not mount the bundle: reason namespace (the authorizer denied it) or possession "
+            "(the namespace's own source did not serve it)", ["reason"], registry=r)
+        self.gc_failures = Counter("resident_store_gc_failures_total",
+                                   "Store GC passes that raised instead of collecting", registry=r)
         self.leases = Gauge("resident_store_leases", "Leases held in the node store (volumes and deliveries)",
                             registry=r)
         self.publications = Gauge("resident_published_volumes", "Volumes published on this node",

@@ -130,6 +130,7 @@ class Publisher:
             try:
                 self.authorizer.authorize(args.pod, args.bundle)
             except Denied as e:
+                self.metrics.unauthorized_mounts.labels(reason="namespace").inc()
                 raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
             self._prove(args, before_fetch=True)
         self._materialized(args, wait_seconds)
@@ -203,6 +204,7 @@ class Publisher:
                 return
             self.possession.prove(ns, args.bundle.source, digest, args.credentials)
         except NotProven as e:
+            self.metrics.unauthorized_mounts.labels(reason="possession").inc()
             raise CsiError(grpc.StatusCode.PERMISSION_DENIED,
                            f"namespace {ns!r} may not mount {digest}: {e}; a digest alone "
                            "grants no access to a bundle") from None

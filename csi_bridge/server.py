@@ -122,7 +122,8 @@ class Bridge:
                                    protected_dirs=(c.root, c.pods_dir))
         self.collector = Collector(self.store, c.gc_high_water_bytes, c.gc_low_water_bytes,
                                    c.gc_interval_seconds, c.gc_high_water_percent,
-                                   c.gc_low_water_percent)
+                                   c.gc_low_water_percent,
+                                   on_failure=self.metrics.gc_failures.inc)
         self.publisher.gc_guard = self.collector.guard
         self.publisher.collect = self.collector.collect
         self.metrics.watch_store(self.store, self.collector)

@@ -75,7 +75,7 @@ class InferenceHandler(OwnerHandler):
             if path not in PROBES:
                 revision = self.revision or "none"
                 self.owner.metrics.requests.labels(revision=revision, code=str(self.code)).inc()
-                self.owner.metrics.duration.labels(revision=revision).observe(time.perf_counter() - self._t0)
+                self.owner.metrics.duration.observe(time.perf_counter() - self._t0)
 
     def _revision_headers(self) -> dict[str, str]:
         return {REVISION_HEADER: self.revision} if self.revision else {}
@@ -132,7 +132,7 @@ class InferenceHandler(OwnerHandler):
                     first = next(pieces, None)
                 except BackendError as e:
                     raise ApiError(400, str(e), "prompt") from None
-                self.owner.metrics.ttft.labels(revision=self.revision).observe(time.perf_counter() - self._t0)
+                self.owner.metrics.ttft.observe(time.perf_counter() - self._t0)
                 head = oa.Completion(id=cid, created=created, model=self.model_name,
                                      system_fingerprint=self.revision, choices=[])
                 everything = itertools.chain([first] if first is not None else [], pieces)

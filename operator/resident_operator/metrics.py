@@ -5,8 +5,16 @@
 - ``resident_operator_reconcile_errors_total{reason}``: failed passes by exception class.
 - ``resident_transition_duration_seconds{strategy,path,phase}``: per finished owner
   transition, ``phase`` is ``deliver``, ``apply`` or ``total``.
-- ``resident_transitions_total{result}``: finished transitions.
+- ``resident_transitions_total{path,strategy,result}``: finished transitions.
 - ``resident_models{phase}``: models by phase, as last observed by this operator.
+- ``resident_model_phase{namespace,model,phase}``: 1 per model, labelled with its phase,
+  so an alert can name the model (one series per model: models are few and long-lived).
+- ``resident_transition_overdue_seconds{namespace,model}``: how long a running
+  transition's slowest owner step is past ``spec.transition.timeoutSeconds``, computed
+  when scraped from the deadline the last pass saw; present only while one is overdue. The
+  operator fails a step at its timeout, so a series here means its passes stopped.
+- ``resident_owners_unresponsive``: owners marked OwnerUnresponsive now
+  (``owner_client.py``).
 - ``resident_operator_wakes_total{cause}``: requests for a model's pass, by what asked
   (``model``, ``pod``, ``secret``, ``delivery``, ``service``, ``budget``,
   ``control-policy``, ``owner``, ``resync``, ``sweep``).
@@ -17,7 +25,10 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 RECONCILES = Counter("resident_operator_reconciles_total", "Reconcile passes by result.",
@@ -29,8 +40,8 @@ TRANSITION_SECONDS = Histogram(
     "resident_transition_duration_seconds", "Owner transition durations by phase.",
     ["strategy", "path", "phase"], registry=REGISTRY,
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
-TRANSITIONS = Counter("resident_transitions_total", "Finished transitions by result.",
-                      ["result"], registry=REGISTRY)
+TRANSITIONS = Counter("resident_transitions_total", "Finished transitions by path, strategy and result.",
+                      ["path", "strategy", "result"], registry=REGISTRY)
 WAKES = Counter("resident_operator_wakes_total", "Requests for a model's pass, by cause.",
                 ["cause"], registry=REGISTRY)
 SOURCE_PROBES = Counter("resident_operator_source_probes_total",
@@ -44,16 +55,58 @@ STATUS_CONFLICTS = Counter("resident_operator_status_conflicts_total",
                            "rebased onto it.", registry=REGISTRY)
 MODELS = Gauge("resident_models", "ResidentModels by phase (this operator's view).", ["phase"],
                registry=REGISTRY)
+OWNERS_UNRESPONSIVE = Gauge("resident_owners_unresponsive",
+                            "Owners marked OwnerUnresponsive (no answer within the call timeout).",
+                            registry=REGISTRY)
 PHASES = ("Pending", "Delivering", "Loading", "Ready", "Transitioning", "Degraded", "Terminating")
 
 _model_phase: dict[str, str] = {}
+_transition_deadline: dict[str, float] = {}   # "namespace/name" -> wall-clock deadline
 
 
 def set_model_phase(key: str, phase: str | None) -> None:
     """Remember ``key``'s phase (None: forget the model) and refresh the gauge."""
     if phase is None:
         _model_phase.pop(key, None)
+        _transition_deadline.pop(key, None)
     else:
         _model_phase[key] = phase
     for p in set(PHASES) | set(_model_phase.values()):
         MODELS.labels(phase=p).set(sum(1 for v in _model_phase.values() if v == p))
+
+
+def set_transition_deadline(key: str, deadline: float | None) -> None:
+    """The wall-clock time by which ``key``'s running transition must move on (the earliest
+    of its running owners' step timeouts); None: no transition runs."""
+    if deadline is None:
+        _transition_deadline.pop(key, None)
+    else:
+        _transition_deadline[key] = deadline
+
+
+class _PerModel:
+    """The per-model series, built from this operator's memory when scraped."""
+
+    def __init__(self, clock=time.time) -> None:
+        self.clock = clock
+
+    def describe(self):
+        return []   # no samples at registration: the families are built when collected
+
+    def collect(self):
+        phase = GaugeMetricFamily("resident_model_phase", "1 per ResidentModel, with its phase "
+                                  "(this operator's view).", labels=["namespace", "model", "phase"])
+        for key, p in sorted(_model_phase.items()):
+            phase.add_metric([*key.split("/", 1), p], 1)
+        overdue = GaugeMetricFamily("resident_transition_overdue_seconds",
+                                    "Seconds a running transition is past its step timeout.",
+                                    labels=["namespace", "model"])
+        now = self.clock()
+        for key, deadline in sorted(_transition_deadline.items()):
+            if now > deadline:
+                overdue.add_metric(key.split("/", 1), now - deadline)
+        yield phase
+        yield overdue
+
+
+REGISTRY.register(_PerModel())

@@ -53,6 +53,7 @@ from typing import Any, Callable
 import aiohttp
 import kopf
 
+from . import metrics
 from .context import OwnerWait
 from .settings import OperatorSettings
 
@@ -119,6 +120,7 @@ class OwnerCalls:
         self.probe_slots = asyncio.Semaphore(settings.owner_calls)
         self.model_slots: dict[str, asyncio.Semaphore] = {}
         self.unresponsive: dict[str, Unresponsive] = {}   # owner Pod UID -> mark
+        metrics.OWNERS_UNRESPONSIVE.set_function(lambda: len(self.unresponsive))
         self.wake = wake
         self.closed = False
         # force_close: one connection per call, so an answer comes from whoever listens at

@@ -30,7 +30,7 @@ from .serving import ensure_service
 from .source_check import check_first_placement
 from .spec import SpecError, parse_spec, spec_problems
 from .template_roll import roll_pod_template
-from .transition import slots_in_hand
+from .transition import slots_in_hand, step_deadline
 
 OK, INVALID, GONE, BLOCKED = "ok", "invalid", "gone", "blocked"
 
@@ -94,6 +94,8 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
         views = replace_broken_owners(ctx, state, spec, views)
         views = roll_pod_template(ctx, state, spec, pods, views)
     blocker = step_transition(ctx, state, spec, views)
+    metrics.set_transition_deadline(f"{ctx.namespace}/{ctx.name}",
+                                    step_deadline(state.transition, spec.transition.timeout_seconds))
     derived = derive_status(replicas=spec.replicas, owners=views, problems=[],
                             transition=state.transition, last_transition=state.last_transition,
                             blocker=blocker, desired_digest=spec.bundle.digest)

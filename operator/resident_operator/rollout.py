@@ -187,7 +187,7 @@ def _finish(ctx: ModelContext, state: ModelState, t: TransitionState, result: st
             if secs:
                 metrics.TRANSITION_SECONDS.labels(strategy=o.strategy or t.strategy, path=t.path,
                                                   phase=phase).observe(secs)
-    metrics.TRANSITIONS.labels(result=result).inc()
+    metrics.TRANSITIONS.labels(path=t.path, strategy=t.strategy, result=result).inc()
     with state.together():
         if result == "succeeded":
             state.commit_bundle(t.to, t.to_source)

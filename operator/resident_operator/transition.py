@@ -303,3 +303,12 @@ def outcome(t: TransitionState) -> str:
     if any(o.step == Step.waiting for o in t.owners):
         return "running"
     return "succeeded"
+
+
+def step_deadline(t: TransitionState | None, timeout_seconds: float) -> float | None:
+    """The earliest time a running owner step of ``t`` times out; None when no step runs."""
+    if t is None:
+        return None
+    running = [p.started_at + timeout_seconds for p in t.owners
+               if p.started_at is not None and p.step in ACTIVE_STEPS]
+    return min(running, default=None)

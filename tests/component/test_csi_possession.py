@@ -106,6 +106,13 @@ def test_a_copied_digest_needs_a_source_that_really_serves_it(world):
     b = publish(w, "team-b", w.servers["b-real"].url, "b3")
     assert (b / "current" / "graph.onnx").read_bytes() == FILES["graph.onnx"]
     assert (b / "current" / "w.safetensors").stat().st_ino == (a / "current" / "w.safetensors").stat().st_ino
+    # A namespace the policy does not let mount D at all: refused before any proof.
+    e = refused(w, "team-c", w.servers["a"].url, "c1")
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e.details()
+    # each refusal is counted by why (the alert ResidentUnauthorizedMount reads this)
+    count = w.bridge.metrics.registry.get_sample_value
+    assert count("resident_unauthorized_mounts_total", {"reason": "possession"}) == 2
+    assert count("resident_unauthorized_mounts_total", {"reason": "namespace"}) == 1
 
 
 def test_proofs_survive_a_restart_and_are_no_bypass(world):

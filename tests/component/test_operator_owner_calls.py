@@ -23,6 +23,7 @@ from bundle.cpu_model import make_demo, make_revision
 from owner.backends.cpu import CpuBackend
 from owner.runtime import Owner
 from owner.server import make_server
+from resident_operator import metrics
 from resident_operator.owner_client import (OwnerCalls, OwnerCallsBusy, OwnerClient, OwnerUnreachable,
                                             OwnerUnresponsive, identities)
 from resident_operator.settings import OperatorSettings
@@ -97,11 +98,13 @@ def test_a_hung_owner_costs_one_timeout_once_and_never_delays_a_healthy_one(gate
     with pytest.raises(OwnerUnresponsive):
         hung.transition("abc")                      # any call to it, not only identity
     assert woken == []
+    assert metrics.REGISTRY.get_sample_value("resident_owners_unresponsive") == 1
     hang.close()                                    # it stops hanging (now refuses)
     deadline = time.monotonic() + 3
     while not woken and time.monotonic() < deadline:
         time.sleep(0.05)
     assert woken == ["model"]                       # the probe heard it and woke the model
+    assert metrics.REGISTRY.get_sample_value("resident_owners_unresponsive") == 0
     with pytest.raises(OwnerUnreachable) as refused:
         hung.identity()
     assert not isinstance(refused.value, OwnerUnresponsive)

@@ -172,3 +172,22 @@ def test_delivery_retries_back_off_exponentially_up_to_a_cap_and_only_for_passin
     assert not retries.due({**failed, "phase": "Staged"}, 2e6)
     assert not retries.due({"phase": "Failed"}, 2e6)             # final: no next attempt
     assert retries.previous_attempts(failed, 3) == 2 and retries.previous_attempts(failed, 4) == 0
+
+
+def test_a_failing_gc_pass_is_counted_and_a_good_one_is_not():
+    from csi_bridge.collection import Collector
+
+    class Store:
+        fail = True
+
+        def gc(self, high, low):
+            if self.fail:
+                raise OSError("store database is locked")
+            return ["sha256:" + "3" * 64]
+
+    failures = []
+    store = Store()
+    gc = Collector(store, 100, 50, on_failure=lambda: failures.append(1))
+    assert gc.collect() == [] and failures == [1]
+    store.fail = False
+    assert gc.collect() == ["sha256:" + "3" * 64] and failures == [1]

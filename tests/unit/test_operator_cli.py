@@ -2,6 +2,7 @@
 
 import json
 import logging
+import time
 
 import pytest
 
@@ -76,3 +77,18 @@ def test_metric_names_have_units_and_models_by_phase_counts():
     assert get("resident_models", {"phase": "Ready"}) == ready + 1
     for key in ("ns/a", "ns/c"):
         metrics.set_model_phase(key, None)
+
+
+def test_per_model_series_name_the_model_and_a_transition_past_its_timeout():
+    get = metrics.REGISTRY.get_sample_value
+    model = {"namespace": "ns", "model": "m"}
+    metrics.set_model_phase("ns/m", "Degraded")
+    assert get("resident_model_phase", {**model, "phase": "Degraded"}) == 1
+    assert get("resident_model_phase", {**model, "phase": "Ready"}) is None
+    metrics.set_transition_deadline("ns/m", time.time() + 60)
+    assert get("resident_transition_overdue_seconds", model) is None   # not due yet
+    metrics.set_transition_deadline("ns/m", time.time() - 30)
+    assert get("resident_transition_overdue_seconds", model) >= 30
+    metrics.set_model_phase("ns/m", None)    # the model is gone: so are its series
+    assert get("resident_model_phase", {**model, "phase": "Degraded"}) is None
+    assert get("resident_transition_overdue_seconds", model) is None

@@ -4,7 +4,8 @@ import pytest
 
 from resident_operator.delivery import DeliveryObservation
 from resident_operator.transition import (ACTIVE_STEPS, Action, Bytes, OwnerObservation, OwnerProgress, Step,
-                                          TransitionState, advance, outcome, owners_to_start)
+                                          TransitionState, advance, outcome, owners_to_start,
+                                          step_deadline)
 from resident_operator.transition_summary import summarize
 
 A = "sha256:" + "aa" * 32
@@ -118,6 +119,16 @@ def test_timeout_fails_any_active_step():
     p = t.owners[0].model_copy(update={"step": Step.delivering, "delivery": "bd", "started_at": 100.0})
     d = step(t, p, healthy(delivery=DeliveryObservation(phase="Staging")), now=800.0, timeout=600)
     assert d.progress.step == Step.failed and d.progress.reason == "Timeout"
+
+
+def test_the_step_deadline_is_the_earliest_running_owners_timeout():
+    t = state(3)
+    assert step_deadline(None, 600) is None
+    assert step_deadline(t, 600) is None            # every owner still waits its turn
+    t.owners[0] = t.owners[0].model_copy(update={"step": Step.done, "started_at": 10.0})
+    t.owners[1] = t.owners[1].model_copy(update={"step": Step.applying, "started_at": 120.0})
+    t.owners[2] = t.owners[2].model_copy(update={"step": Step.delivering, "started_at": 150.0})
+    assert step_deadline(t, 600) == 720.0           # the finished owner's start does not count
 
 
 def test_resume_does_not_post_twice():
