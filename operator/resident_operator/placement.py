@@ -170,13 +170,22 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
         pod_spec["topologySpreadConstraints"] = [_owner_scoped(tsc, model_uid) for tsc in spread]
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
+    annotations = {DIGEST_ANNOTATION: bundle_digest, SOURCE_ANNOTATION: bundle_source}
+    if settings.owner_scrape_annotations:   # metadata only: no template roll (pod_template.py)
+        annotations.update(scrape_annotations(ports[1]))
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": naming.owner_pod_name(model, slot, incarnation), "labels": labels,
-                     "annotations": {DIGEST_ANNOTATION: bundle_digest,
-                                     SOURCE_ANNOTATION: bundle_source}},
+                     "annotations": annotations},
         "spec": pod_spec,
     }
+
+
+def scrape_annotations(port: int) -> dict[str, str]:
+    """The de facto annotations a Prometheus with annotation-based discovery reads: the
+    owner's inference port serves ``/metrics`` (the control port is the operator's only)."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics"}
 
 
 def bundle_volume(model: str, spec: ModelSpec, digest: str, source: str) -> dict[str, Any]:

@@ -70,6 +70,10 @@ class OperatorSettings(BaseModel):
         "a NetworkPolicy per model admits its owners' control port only from the operator's "
         "Pods (control_policy.py); the chart turns it on, as the operator run by hand does "
         "not know its own Pods"))
+    owner_scrape_annotations: bool = Field(default=False, description=(
+        "owner Pods carry prometheus.io/scrape, port and path annotations naming their "
+        "inference port's /metrics, for a Prometheus that finds targets by annotations (the "
+        "chart sets it when it makes no PodMonitor; docs/metrics.md)"))
     operator_namespace: str = Field(default="", description=(
         "the operator's namespace (the chart sets it from the Pod's metadata.namespace)"))
     operator_namespace_labels: dict[str, str] = Field(default_factory=dict, description=(

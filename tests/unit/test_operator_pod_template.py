@@ -46,3 +46,15 @@ def test_pods_carry_the_hash_and_unstamped_pods_count_as_current():
     assert outdated(pod, h(spec(runtime={"image": "owner:v2"})))
     del pod["metadata"]["annotations"][TEMPLATE_ANNOTATION]
     assert not outdated(pod, h(spec(runtime={"image": "owner:v2"})))
+
+
+def test_scrape_annotations_name_the_inference_port_and_roll_no_owner():
+    s = spec(runtime={"port": 9000})
+    scraped = OperatorSettings(owner_image="resident:dev", owner_scrape_annotations=True)
+    pod = build_owner_pod("tiny", "uid", s, scraped, 0, 0, A, "file:///m/a")
+    http = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}["http"]
+    assert {k: v for k, v in pod["metadata"]["annotations"].items() if k.startswith("prometheus.io/")} == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": str(http), "prometheus.io/path": "/metrics"}
+    plain = build_owner_pod("tiny", "uid", s, SETTINGS, 0, 0, A, "file:///m/a")
+    assert not any(k.startswith("prometheus.io/") for k in plain["metadata"]["annotations"])
+    assert h(s, scraped) == h(s)    # turning it on does not replace running owners
