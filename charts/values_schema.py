@@ -86,7 +86,9 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "bridge.tolerations": {"items": {"type": "object"}},
     "bridge.extraEnv": NAMED_ITEMS,
     "bridge.sidecarUser": NON_ROOT_ID,
-    "metrics.serviceMonitor.interval": {"pattern": "^[0-9]+(ms|s|m|h)$"},
+    "metrics.discovery": {"enum": ["auto", "monitors", "annotations", "none"]},
+    "metrics.monitors.interval": {"pattern": "^[0-9]+(ms|s|m|h)$"},
+    "metrics.dashboard.labels": OPEN,
 }
 
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_]+):(?:\s|$)")

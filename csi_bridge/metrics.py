@@ -41,6 +41,8 @@ class BridgeMetrics:
             "resident_unauthorized_mounts_total", "Publishes refused because the Pod's namespace "
             "may not mount the bundle: reason namespace (the authorizer denied it) or possession "
             "(the namespace's own source did not serve it)", ["reason"], registry=r)
+        for reason in ("namespace", "possession"):   # at 0, so the first refusal is an increase
+            self.unauthorized_mounts.labels(reason=reason)
         self.gc_failures = Counter("resident_store_gc_failures_total",
                                    "Store GC passes that raised instead of collecting", registry=r)
         self.leases = Gauge("resident_store_leases", "Leases held in the node store (volumes and deliveries)",

@@ -55,6 +55,12 @@ STATUS_CONFLICTS = Counter("resident_operator_status_conflicts_total",
                            "rebased onto it.", registry=REGISTRY)
 MODELS = Gauge("resident_models", "ResidentModels by phase (this operator's view).", ["phase"],
                registry=REGISTRY)
+# Every path, strategy and result starts at 0, so the first failure is an increase that
+# rate() and increase() see (a series born at 1 has no earlier sample to rise from).
+for _path in ("GraphOnly", "WholeBundle"):
+    for _strategy in ("InPlace", "Reload"):
+        for _result in ("succeeded", "failed"):
+            TRANSITIONS.labels(path=_path, strategy=_strategy, result=_result)
 OWNERS_UNRESPONSIVE = Gauge("resident_owners_unresponsive",
                             "Owners marked OwnerUnresponsive (no answer within the call timeout).",
                             registry=REGISTRY)

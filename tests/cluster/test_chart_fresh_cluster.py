@@ -110,7 +110,7 @@ def fresh():
             "crds": {"keep": False},
             "operator": {"healthPort": ports["health"], "metricsPort": ports["metrics"]},
             "bridge": {"metricsPort": ports["bridge"]},
-            "metrics": {"serviceMonitor": {"enabled": True, "labels": {"team": "ml"}}}})
+            "metrics": {"monitors": {"labels": {"team": "ml"}}}})   # discovery auto: the CRD is served
         f.installed = True
         try:
             yield f
@@ -171,6 +171,11 @@ def test_chart_crds_are_served_and_service_monitors_select_metrics_services(fres
     services = {s["metadata"]["name"]: s for s in labelled(cp, "services", NAMESPACE)}
     monitors = labelled(cp, "servicemonitors", NAMESPACE)
     assert len(monitors) == 2 and all(m["metadata"]["labels"]["team"] == "ml" for m in monitors)
+    assert {m["spec"]["endpoints"][0]["relabelings"][0]["replacement"] for m in monitors} == {
+        "resident-operator", "resident-bridge"}   # the job names the alert rules select
+    deploy = get(cp, "deployment", "-n", NAMESPACE, f"{RELEASE}-operator")
+    assert not any(k.startswith("prometheus.io/")   # found by its ServiceMonitor instead
+                   for k in deploy["spec"]["template"]["metadata"].get("annotations") or {})
     for monitor in monitors:
         wanted = monitor["spec"]["selector"]["matchLabels"]
         matched = [n for n, svc in services.items() if wanted.items() <= svc["metadata"]["labels"].items()]

@@ -156,6 +156,10 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
                 env["RESIDENT_OWNER_SPREAD_WHEN_UNSATISFIABLE"]) == ("kubernetes.io/hostname", "1", "ScheduleAnyway")
         assert_restricted(pod_spec, op)
         assert pod_spec["serviceAccountName"] == f"{full}-operator"
+        # no monitoring.coreos.com kinds on this API server: discovery auto annotates the Pods
+        scrape = deploy["spec"]["template"]["metadata"]["annotations"]
+        assert (scrape["prometheus.io/scrape"], scrape["prometheus.io/port"]) == ("true", "9090")
+        assert env["RESIDENT_OWNER_SCRAPE_ANNOTATIONS"] == "true"
         # the controller-manager made the Pod from the template and the API server admitted it
         pods = wait_for(lambda: items(cluster, "pods", selector, namespace), what="the operator Pod", every=0.3)
         assert_restricted(pods[0]["spec"], containers(pods[0]["spec"])["operator"])
@@ -165,6 +169,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
         bspec = ds["spec"]["template"]["spec"]
         cs = containers(bspec)
         assert set(cs) == {"bridge"}  # builtin: the bridge registers and serves /healthz itself
+        assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9810"
         plugin = cs["bridge"]
         assert plugin["securityContext"]["privileged"] is True
         mounts = {m["name"]: m for m in plugin["volumeMounts"]}

@@ -73,3 +73,29 @@ privileged: false
 capabilities:
   drop: ["ALL"]
 {{- end -}}
+
+{{/*
+Does this release make a prometheus-operator object of .kind (ServiceMonitor, PodMonitor,
+PrometheusRule)? With metrics.discovery "monitors" always; with "auto" only when the API
+server serves the kind under monitoring.coreos.com/v1 (a Helm install or upgrade asks it;
+`helm template` knows only what --api-versions tells it). Renders "true" or nothing.
+Call with (dict "ctx" $ "kind" "ServiceMonitor").
+*/}}
+{{- define "resident.monitors" -}}
+{{- $mode := .ctx.Values.metrics.discovery -}}
+{{- if or (eq $mode "monitors") (and (eq $mode "auto") (.ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind))) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+Are the Pods of a component found by prometheus.io annotations instead: discovery
+"annotations", or "auto" without the monitor .kind that would find them. Renders "true"
+or nothing. Call with (dict "ctx" $ "kind" "ServiceMonitor").
+*/}}
+{{- define "resident.scrapeAnnotated" -}}
+{{- $mode := .ctx.Values.metrics.discovery -}}
+{{- if or (eq $mode "annotations") (and (eq $mode "auto") (not (include "resident.monitors" .))) -}}
+true
+{{- end -}}
+{{- end -}}
