@@ -286,10 +286,12 @@ class HfSource(Source):
     def explain_missing(self, commit: str) -> Exception | None:
         """After a 404 for the tree: is the repository missing, or only the commit?"""
         try:
-            self._api(lambda api: api.repo_info(self.loc.repo_id), "look the repository up")
             now = self.branches()
         except RepositoryMissing as e:
             return e
+        except CommitMissing as e:   # no refs at all (a 404): the repository is not there
+            return RepositoryMissing(f"hf repository {self.loc.where} does not exist, or is private "
+                                     f"and the token does not open it ({e})")
         except SourceUnavailable:
             return None
         pointing = ", ".join(f"{name} → {sha}" for name, sha in sorted(now.items())) or "no branches"
