@@ -409,7 +409,7 @@ def hub_refusal(loc: HfLocation, status: int, code: str, said: str, what: str) -
     if status in (404, 410):
         return CommitMissing(f"{loc.where}: not found ({detail}) to {what}")
     if status >= 500 or status == 429:
-        return TransientUnavailable(f"hf endpoint {loc.endpoint}: {detail} to {what}")
+        return TransientUnavailable(f"hf repository {loc.where}: {detail} to {what}")
     return SourceUnavailable(f"hf repository {loc.where}: {detail} to {what}")
 
 
