@@ -21,9 +21,12 @@ what the Hub says it is: an LFS file against its LFS oid, any other file against
 blob id; a file that does not match is :class:`~bundle.errors.IntegrityMismatch`.
 
 Making the manifest reads every byte once. A file whose LFS oid and size equal a file of a
-manifest the caller already holds (``known=``: the donor revision, or one made earlier)
-takes its chunk digests from there and is not read. A made manifest is kept in the process
-(:data:`MADE`), so the same commit is read once per process.
+manifest already at hand (``known=``, e.g. the donor revision, or any manifest made earlier
+in this process) takes its chunk digests from there and is not read. A made manifest is
+kept in the process (:data:`MADE`), so the same commit is read once per process. The
+files that changed are read whole, though: the Hub keeps no digest finer than a file, so
+a node that makes the manifest of a new commit reads each changed file once before it
+fetches the chunks it lacks (docs/sources.md).
 
 **Reading files.** File bytes are ranged GETs of the Hub's ``resolve`` URL at the commit
 (``huggingface_hub.hf_hub_url``), resumed after a drop (:mod:`.ranged`), with the token as
@@ -318,7 +321,9 @@ class HfSource(Source):
         files = [f for f in self.listing() if not left_out(f.path)]
         if not files:
             raise ManifestError(f"{self.uri!r}: the repository holds no files at this commit")
-        by_content = {(e.sha256, e.size): e for m in self.known for e in m.files
+        with _made_lock:
+            known = [*self.known, *MADE.values()]
+        by_content = {(e.sha256, e.size): e for m in known for e in m.files
                       if m.chunk_size == self.loc.chunk_size}
         entries = []
         for f in files:

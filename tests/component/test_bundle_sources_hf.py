@@ -1,7 +1,7 @@
 """hf:// sources against a real Hub-compatible server (olah, offline, serving local git
 repositories with LFS) on 127.0.0.1.
 
-One server serves the module; each test makes repositories of its own (``repo``).
+One server serves the session (``hub``); each test makes repositories of its own (``repo``).
 What olah cannot do (Range, tokens, a 404 for a missing file) is in docs/sources.md.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 
 import numpy as np
@@ -23,7 +22,7 @@ from bundle.sources import RetryPolicy, SourceCredentials, open_source
 from bundle.sources.hf import MADE, CommitMissing, HfSource, RepositoryMissing, RevisionNotPinned
 from bundle.sources.metrics import FETCHED_BYTES
 from bundle.store import Store
-from testkit.hf_server import HubRepo, running_hub
+from testkit.hf_server import HubRepo
 from testkit.relay import CuttingRelay
 
 CHUNK = 64 * 1024
@@ -32,17 +31,9 @@ CONFIG = json.dumps({"model_type": "llama", "hidden_size": 64}).encode()
 TOKENIZER = json.dumps({"version": "1.0", "model": {"type": "BPE"}}).encode()
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    with running_hub(tmp_path_factory.mktemp("hub")) as (endpoint, mirrors):
-        yield endpoint, mirrors
-
-
 @pytest.fixture
-def repo(hub, request):
-    """A repository of this test's own on the server: ``acme/<test name>``."""
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:80].strip("-")
-    return HubRepo(hub[1], f"acme/{name}")
+def repo(hub_repo):
+    return hub_repo
 
 
 @pytest.fixture(autouse=True)
