@@ -76,6 +76,7 @@ def test_a_volume_is_published_from_hf_with_its_token_and_a_new_commit_staged_wi
     assert FETCHED_BYTES.labels("hf")._value.get() - before == len(W2) + len(b'{"v": 1}') + CHUNK
     assert (target / "current" / "model.safetensors").read_bytes() == W2
     sent = b"".join(world.relay.requests)
+    assert f"bytes={3 * CHUNK}-{4 * CHUNK - 1}".encode() in sent   # the delivery asked for that chunk only
     assert sent.count(f"Bearer {TOKEN}".encode()) >= 4   # both trees, both files' reads
     # the token was never written down: not in the database, not in a log line
     for f in (world.tmp / "data").glob("bridge.db*"):
