@@ -85,7 +85,15 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture
-def hub_repo(hub, request):
+def hub_online(monkeypatch):
+    """huggingface_hub allowed to make requests in this test: the torch backend sets
+    HF_HUB_OFFLINE in its process (a revision is local), and the tests run both in one."""
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture
+def hub_repo(hub, hub_online, request):
     """A model repository of this test's own on that server: ``acme/<test name>-<random>``."""
     import re
     from testkit.hf_server import HubRepo

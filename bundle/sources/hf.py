@@ -218,10 +218,14 @@ class HfSource(Source):
     # -- the API ---------------------------------------------------------------------
     def _api(self, call: Callable[[Any], Any], what: str) -> Any:
         """One huggingface_hub call, retried while the server does not answer, errors ours."""
-        from huggingface_hub import HfApi
+        from huggingface_hub import HfApi, constants
         from huggingface_hub.errors import HfHubHTTPError
         import httpx2
 
+        if constants.is_offline_mode():   # read from the environment when huggingface_hub loaded
+            raise SourceUnavailable(f"hf repository {self.loc.where}: cannot {what}: this process runs "
+                                    "with HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set, which stops "
+                                    "huggingface_hub's requests; unset it where hf:// sources are read")
         api = HfApi(endpoint=self.loc.endpoint, token=self._token or False)
 
         def attempt() -> Any:

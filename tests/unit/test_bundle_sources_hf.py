@@ -87,3 +87,10 @@ LOC = HfLocation.parse(f"hf://org/name@{SHA}")
 def test_the_hubs_answers_become_our_errors(status, code, said, error, words):
     e = hub_refusal(LOC, status, code, said, "list the files")
     assert type(e) is error and words in str(e) and "org/name at https://huggingface.co" in str(e)
+
+
+def test_a_process_in_huggingface_hub_offline_mode_says_so_before_any_request(monkeypatch):
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SourceUnavailable, match="HF_HUB_OFFLINE"):
+        HfSource(f"hf://org/name@{SHA}?endpoint=http://127.0.0.1:1").manifest()
