@@ -7,6 +7,7 @@ What olah cannot do (Range, tokens, a 404 for a missing file) is in docs/sources
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -89,6 +90,9 @@ def test_a_commit_makes_the_bundle_resident_bundle_build_makes_of_its_download(h
     MADE.clear()
     assert cli.main(["--quiet", "digest", uri]) == 0
     assert capsys.readouterr().out.strip() == made.digest
+    assert cli.main(["--quiet", "digest", "--json", "--manifest", str(tmp_path / "m.json"), uri]) == 0
+    assert json.loads(capsys.readouterr().out)["bundle"] == made.digest
+    assert hashlib.sha256((tmp_path / "m.json").read_bytes()).hexdigest() == made.digest[7:]
 
 
 def test_another_digest_than_the_commit_makes_is_an_integrity_mismatch(hub, repo):
@@ -149,7 +153,7 @@ def test_a_commit_a_force_push_dropped_is_missing_and_the_branches_are_shown(hub
         HfSource(uri_of(hub, repo, dropped), FAST).manifest()
 
 
-def test_a_repository_that_does_not_exist_is_missing(hub):
+def test_a_repository_that_does_not_exist_is_missing(hub, hub_online):
     with pytest.raises(RepositoryMissing, match="acme/no-such-model at .* does not exist, or is private"):
         HfSource(f"hf://acme/no-such-model@{'a' * 40}?endpoint={hub[0]}", FAST).manifest()
 
