@@ -23,7 +23,9 @@ blob id; a file that does not match is :class:`~bundle.errors.IntegrityMismatch`
 Making the manifest reads every byte once. A file whose LFS oid and size equal a file of a
 manifest already at hand (``known=``, e.g. the donor revision, or any manifest made earlier
 in this process) takes its chunk digests from there and is not read. A made manifest is
-kept in the process (:data:`MADE`), so the same commit is read once per process. The
+kept in the process (:data:`MADE`) for the same credentials, so the same commit is read
+once per process and reader (another reader's manifest is never taken without asking the
+server: the bridge's possession proof of a private repository reads the manifest). The
 files that changed are read whole, though: the Hub keeps no digest finer than a file, so
 a node that makes the manifest of a new commit reads each changed file once before it
 fetches the chunks it lacks (docs/sources.md).
@@ -189,7 +191,7 @@ class RepoFileInfo:
     lfs_sha256: str | None
 
 
-# manifests made in this process, by URI (at most MADE_KEEP; the oldest goes first)
+# manifests made in this process, by URI and reader (at most MADE_KEEP; the oldest goes first)
 MADE: "OrderedDict[str, Manifest]" = OrderedDict()
 _made_lock = threading.Lock()
 
@@ -208,6 +210,9 @@ class HfSource(Source):
             raise AccessDenied(f"AccessDenied: hf repository {self.loc.where}: the credentials "
                                f"lack {HF_TOKEN} (present: {', '.join(sorted(credentials)) or 'none'})")
         self._token = token
+        # whose manifests these are: a manifest made with one token is not one another
+        # reader may take without asking the server (a possession proof reads it)
+        self._reader = credentials.fingerprint() if credentials is not None else "anonymous"
         self.session = requests.Session()
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
@@ -309,7 +314,7 @@ class HfSource(Source):
     # -- the manifest ------------------------------------------------------------------
     def manifest(self, progress: Callable[[int], None] | None = None) -> Manifest:
         """The bundle of the repository at the commit (made once per process; see the module)."""
-        key = self.loc.uri(self.commit())
+        key = f"{self.loc.uri(self.commit())} {self._reader}"
         with _made_lock:
             if key in MADE:
                 MADE.move_to_end(key)
