@@ -146,11 +146,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_push(args: argparse.Namespace) -> int:
     from . import sources
-    from .sources.credentials import from_environment
     m = read_manifest(args.dir)
     with progress_bar(args, m.total_bytes, f"pushing to {args.target}") as cb:
         digest = sources.push(Path(args.dir), args.target, progress=cb,
-                              credentials=from_environment())
+                              credentials=source_credentials(args.target))
     print(f"{digest}\n  pushed to {args.target}")
     return 0
 
@@ -206,12 +205,39 @@ def cmd_serve_demo(args: argparse.Namespace) -> int:
     return serve_demo(args)
 
 
+def source_credentials(uri: str):
+    """The credentials of the person running the CLI, for the scheme of ``uri``."""
+    from urllib.parse import urlsplit
+    from .sources.credentials import SCHEME_KEYS, from_environment
+    keys = SCHEME_KEYS.get(urlsplit(uri).scheme)
+    return from_environment(keys) if keys else None
+
+
+def cmd_digest(args: argparse.Namespace) -> int:
+    from .sources.hf import HfSource
+    if not args.source.startswith("hf://"):
+        raise UsageError(f"{args.source!r}: only hf:// sources are made into a bundle here; a "
+                         "directory's digest is what 'resident bundle build' prints, and the other "
+                         "sources hold bundles by digest already")
+    with HfSource(args.source, credentials=source_credentials(args.source)) as src:
+        total = src.bundle_bytes()
+        with progress_bar(args, total, f"hashing {src.loc.repo_id}@{src.commit()[:12]}") as cb:
+            m = src.manifest(progress=cb)
+    if args.manifest:
+        Path(args.manifest).write_bytes(m.canonical_json())
+    if args.json:
+        print(json.dumps({"source": args.source, **m.identity(), "bytes": m.total_bytes,
+                          "files": len(m.files)}, indent=2))
+    else:
+        print(m.digest)
+    return 0
+
+
 def cmd_materialize(args: argparse.Namespace) -> int:
     from .sources import open_source
-    from .sources.credentials import from_environment
     from .store import Store
     store = Store(args.store)
-    source = open_source(args.source, credentials=from_environment())
+    source = open_source(args.source, credentials=source_credentials(args.source))
     manifest = source.fetch_manifest(args.digest)
     with progress_bar(args, manifest.total_bytes, f"materializing {args.digest[:19]}") as cb:
         res = store.materialize(manifest, source, donor=args.donor, mode=args.mode,
@@ -280,6 +306,19 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("dir")
     sp.add_argument("target")
 
+    sp = add("digest", cmd_digest,
+             "print the bundle digest of a Hugging Face repository at a commit, "
+             "hf://org/name@<commit>[?endpoint=http(s)://host:port][&chunk=BYTES]: the value of "
+             "spec.bundle.digest for that source. It lists the repository's files at the commit and "
+             "reads each once to hash it (a progress bar shows the bytes), checking each against "
+             "the Hub's LFS oid or git blob id. A branch name is refused with the commit it points "
+             "at now. A private repository is read with HF_TOKEN from the environment (on a node, "
+             "the model's Secret); the server is the URI's endpoint, never HF_ENDPOINT")
+    sp.add_argument("source", help="hf://org/name@<40-hex commit>[?endpoint=…][&chunk=…]")
+    sp.add_argument("--manifest", metavar="FILE", help="also write the bundle's manifest to FILE")
+    sp.add_argument("--json", action="store_true",
+                    help="print the identity (bundle, graph and weights digests), bytes and files as JSON")
+
     sp = add("make-demo", cmd_make_demo,
              "generate a demo model bundle (--size) or derive a revision of one (--from)")
     sp.add_argument("out", help="output directory (must be absent or empty)")
@@ -303,7 +342,7 @@ def parser() -> argparse.ArgumentParser:
     sp = add("materialize", cmd_materialize,
              "fetch a bundle into a node content store (what the bridge does on publish)")
     sp.add_argument("--store", required=True, help="store directory")
-    sp.add_argument("source", help="source URI (file://, http(s)://, oci://, s3://)")
+    sp.add_argument("source", help="source URI (file://, http(s)://, oci://, s3://, hf://)")
     sp.add_argument("digest", help="bundle digest sha256:…")
     sp.add_argument("--donor", help="a revision in the store to rebase on")
     plan_options(sp)

@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 from .catalog import Catalog, now_ns
 from .manifest import ManifestError
 from .materialize import Tally
+from .sources.hf import HfLocation
 from .sources.s3 import S3Location
 
 __all__ = ["source_key", "record", "estimate", "record_tally", "estimates", "COPY_KEY",
@@ -47,7 +48,8 @@ def source_key(uri: str | None) -> str | None:
     directory holds one bundle; its parent holds the revisions); ``http(s)://h/base`` →
     the base; ``oci://h/repo:tag`` → ``oci://h/repo``; ``s3://bucket/prefix?endpoint=E``
     → ``s3://bucket/prefix`` at the store (``@E``, or ``@aws:<region>``), since one bucket
-    name on two servers is two places. None for anything else.
+    name on two servers is two places; ``hf://org/name@commit?endpoint=E`` → ``hf://org/name@E``.
+    None for anything else.
     """
     if not isinstance(uri, str):
         return None
@@ -57,6 +59,12 @@ def source_key(uri: str | None) -> str | None:
         except ManifestError:
             return None
         return f"s3://{loc.bucket}/{loc.prefix}".rstrip("/") + f"@{loc.endpoint or 'aws:' + loc.region}"
+    if uri.startswith("hf://"):
+        try:
+            hf = HfLocation.parse(uri)
+        except ManifestError:
+            return None
+        return f"hf://{hf.repo_id}@{hf.endpoint}"   # every commit of a repository comes from one place
     try:
         parts = urlsplit(uri)
         host, port = parts.hostname or "", parts.port

@@ -24,7 +24,7 @@ from bundle.sources import SourceCredentials
 from .proto import csi_pb2
 from .status import CsiError
 
-SOURCE_RE = re.compile(r"^(file|https?|oci|s3)://.+")
+SOURCE_RE = re.compile(r"^(file|https?|oci|s3|hf)://.+")
 POD_NAME = "csi.storage.k8s.io/pod.name"
 POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
 POD_UID = "csi.storage.k8s.io/pod.uid"
@@ -145,10 +145,10 @@ def check_publish(req: csi_pb2.NodePublishVolumeRequest) -> PublishArgs:
     if not DIGEST_RE.match(digest):
         raise invalid(f"volumeAttributes.digest {digest[:80]!r} is not sha256:<64 lowercase hex>")
     if not source:
-        raise invalid("volumeAttributes.source is required (file://, http(s)://, oci:// or s3://)")
+        raise invalid("volumeAttributes.source is required (file://, http(s)://, oci://, s3:// or hf://)")
     if not SOURCE_RE.match(source) or len(source) > 2048:
         raise invalid(f"volumeAttributes.source {source[:80]!r} must be a file://, http(s)://, "
-                      "oci:// or s3:// URI of at most 2048 characters")
+                      "oci://, s3:// or hf:// URI of at most 2048 characters")
     if ctx.get(EPHEMERAL, "true").lower() == "false":
         raise invalid("only inline ephemeral volumes are supported "
                       f"({EPHEMERAL}=false); use a csi inline volume in the Pod spec")

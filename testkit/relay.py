@@ -1,5 +1,5 @@
 """A TCP relay for tests, between a client and a real server on 127.0.0.1: it passes
-bytes both ways, keeps what clients sent, and cuts the first ``cuts`` server-to-client
+bytes both ways, keeps what clients sent, counts what servers sent (``delivered``), and cuts the first ``cuts`` server-to-client
 streams after ``after`` bytes (the network dropping a download). ``cuts`` may be raised
 later; it counts down as streams are cut."""
 
@@ -13,6 +13,7 @@ class CuttingRelay:
     def __init__(self, upstream: tuple[str, int], after: int, cuts: int = 1) -> None:
         self.upstream, self.after, self.cuts = upstream, after, cuts
         self.requests: list[bytes] = []
+        self.delivered = 0   # bytes passed from the server to clients, headers included
         self._lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -51,6 +52,9 @@ class CuttingRelay:
                     break
                 dst.sendall(data)
                 sent += len(data)
+                if down:
+                    with self._lock:
+                        self.delivered += len(data)
         except OSError:
             pass
         for s in (src, dst):

@@ -75,6 +75,32 @@ def s3_prefix(request):
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    """One real Hub-compatible server (olah, testkit.hf_server) for the whole session:
+    ``(endpoint, mirrors)``; each test makes repositories of its own under ``mirrors``."""
+    from testkit.hf_server import running_hub
+    with running_hub(tmp_path_factory.mktemp("hub")) as served:
+        yield served
+
+
+@pytest.fixture
+def hub_online(monkeypatch):
+    """huggingface_hub allowed to make requests in this test: the torch backend sets
+    HF_HUB_OFFLINE in its process (a revision is local), and the tests run both in one."""
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture
+def hub_repo(hub, hub_online, request):
+    """A model repository of this test's own on that server: ``acme/<test name>-<random>``."""
+    import re
+    from testkit.hf_server import HubRepo
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:60].strip("-")
+    return HubRepo(hub[1], f"acme/{name}-{uuid.uuid4().hex[:8]}")
+
+
 @pytest.fixture
 def namespace(cluster):
     """A fresh namespace for one test, deleted afterwards."""

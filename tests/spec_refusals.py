@@ -93,8 +93,10 @@ REFUSALS = [
             "spec.bundle.source", "needs registry/repository", "registry/repository"),
     Refusal("an s3:// source with an invalid bucket name", {"bundle": {"source": "s3://My_Models/tiny"}},
             "spec.bundle.source", "an s3:// source needs a valid bucket name", "not a valid S3 bucket name"),
+    Refusal("an hf:// source without a commit", {"bundle": {"source": "hf://acme/tiny"}},
+            "spec.bundle.source", "an hf:// source needs a repository and a commit", "no revision; pin a commit"),
     Refusal("credentials for a source that reads none", {"bundle": {"credentialsSecret": "creds"}},
-            "spec.bundle", "only s3:// sources read credentials", "reads no credentials"),
+            "spec.bundle", "only s3:// and hf:// sources read credentials", "reads no credentials"),
 ]
 
 # Not a validation rule but the resources schema: only requests and limits are declared,
@@ -125,4 +127,7 @@ ACCEPTED = [
                                        "&region=eu-1&addressing=virtual",
                              "credentialsSecret": "s3-reader.team-a"}}),
     merged(SPEC, {"bundle": {"source": "s3://models"}}),
+    merged(SPEC, {"bundle": {"source": "hf://acme/tiny-llama@0123456789abcdef0123456789abcdef01234567"
+                                       "?endpoint=http://hub-mirror.models:8090&chunk=1048576",
+                             "credentialsSecret": "hf-reader"}}),
 ]

@@ -1,12 +1,14 @@
 """Bundle sources behind one interface, and ``push`` to the same places.
 
 A *source* is where a node fetches a bundle from; a *push target* is the same place seen
-from the publisher. Four kinds exist, chosen by URI scheme:
+from the publisher. Five kinds exist, chosen by URI scheme:
 
 - ``file:///dir``: a bundle directory as ``resident bundle build`` writes it;
 - ``http(s)://host/base``: a content-addressed layout (``manifests/``, ``blobs/``);
 - ``oci://host/repo[:tag]``: an OCI artifact in a distribution registry;
-- ``s3://bucket/prefix[?endpoint=…&region=…&addressing=…]``: the http layout in a bucket.
+- ``s3://bucket/prefix[?endpoint=…&region=…&addressing=…]``: the http layout in a bucket;
+- ``hf://org/name@commit[?endpoint=…&chunk=…]``: a Hugging Face Hub repository at a commit,
+  made into a bundle (read only: nothing is pushed there).
 
 A source that reads credentials (:data:`CREDENTIAL_SCHEMES`) is opened with the data of
 the model's Secret (:class:`SourceCredentials`); the others take none.
@@ -22,6 +24,7 @@ from urllib.parse import urlsplit
 
 from ..manifest import ManifestError
 from .file import FileSource, push_dir
+from .hf import HfSource
 from .http import HttpSource, push_http
 from .oci import OciSource, push_oci
 from .credentials import SourceCredentials
@@ -31,18 +34,18 @@ from .s3 import S3Source, push_s3
 from .source import Source, fetch_verified, verify_manifest
 
 __all__ = ["Source", "open_source", "push", "push_size", "fetch_verified", "verify_manifest", "RetryPolicy",
-           "TargetConflict", "is_outage", "FileSource", "HttpSource", "OciSource", "S3Source",
+           "TargetConflict", "is_outage", "FileSource", "HttpSource", "OciSource", "S3Source", "HfSource",
            "SourceCredentials", "SCHEMES", "CREDENTIAL_SCHEMES", "reads_credentials"]
 
-SCHEMES = ("file", "http", "https", "oci", "oci+http", "oci+https", "s3")
-CREDENTIAL_SCHEMES = ("s3",)   # the schemes that read the model's Secret
+SCHEMES = ("file", "http", "https", "oci", "oci+http", "oci+https", "s3", "hf")
+CREDENTIAL_SCHEMES = ("s3", "hf")   # the schemes that read the model's Secret
 
 
 def _scheme(uri: str) -> str:
     scheme = urlsplit(uri).scheme if isinstance(uri, str) else ""
     if scheme not in SCHEMES:
         raise ManifestError(f"{uri!r}: unsupported source; use file:///dir, http(s)://host/base, "
-                            "oci://host/repo[:tag] or s3://bucket/prefix")
+                            "oci://host/repo[:tag], s3://bucket/prefix or hf://org/name@commit")
     return scheme
 
 
@@ -62,6 +65,8 @@ def open_source(uri: str, policy: RetryPolicy | None = None,
         return HttpSource(uri, policy)
     if scheme == "s3":
         return S3Source(uri, policy, credentials)
+    if scheme == "hf":
+        return HfSource(uri, policy, credentials)
     return OciSource(uri, policy)
 
 
@@ -74,6 +79,9 @@ def push(bundle_dir, target: str, progress: Progress | None = None,
     http, oci and s3, where each sha256 is stored once. ``credentials`` sign s3 requests.
     """
     scheme = _scheme(target)
+    if scheme == "hf":
+        raise ManifestError(f"{target!r}: hf:// is read only; publish to the Hub with its own tools "
+                            "(git, huggingface_hub) and name the commit")
     if scheme == "file":
         return push_dir(bundle_dir, target, progress)
     if scheme in ("http", "https"):

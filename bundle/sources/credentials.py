@@ -10,7 +10,8 @@ Kubernetes way, never from an identity or environment shared by every tenant:
 - the ``resident`` CLI, run by a person, takes it from that person's environment
   (:func:`from_environment`).
 
-Each scheme takes the keys it knows and ignores the rest (:data:`S3_KEYS` for s3://).
+Each scheme takes the keys it knows and ignores the rest (:data:`S3_KEYS` for s3://,
+:data:`HF_KEYS` for hf://).
 Values are never logged, printed or written to disk: the ``repr`` names the keys only.
 """
 
@@ -24,6 +25,9 @@ S3_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 S3_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
 S3_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 S3_KEYS = (S3_ACCESS_KEY, S3_SECRET_KEY, S3_SESSION_TOKEN)
+HF_TOKEN = "HF_TOKEN"   # hf://: a Hugging Face access token with read access to the repository
+HF_KEYS = (HF_TOKEN,)
+SCHEME_KEYS = {"s3": S3_KEYS, "hf": HF_KEYS}   # what each scheme that reads credentials takes
 
 
 class SourceCredentials(Mapping[str, str]):

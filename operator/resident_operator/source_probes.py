@@ -46,6 +46,7 @@ from typing import Any, Hashable
 from urllib.parse import urlsplit
 
 from bundle.manifest import ManifestError
+from bundle.sources.hf import HfLocation
 from bundle.sources.s3 import S3Location
 
 FIRST_PROBE_SECONDS = 2.0
@@ -64,6 +65,11 @@ def source_key(uri: str) -> str | None:
         except ManifestError:
             return None
         uri = loc.endpoint or f"https://s3.{loc.region}.amazonaws.com"
+    elif isinstance(uri, str) and uri.startswith("hf://"):
+        try:
+            uri = HfLocation.parse(uri).endpoint   # every repository on a Hub shares its probe
+        except ManifestError:
+            return None
     try:
         parts = urlsplit(uri)
         transport = TRANSPORTS.get(parts.scheme.lower())

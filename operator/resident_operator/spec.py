@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bundle.manifest import DIGEST_RE, ManifestError
 from bundle.sources import CREDENTIAL_SCHEMES
+from bundle.sources.hf import HfLocation
 from bundle.sources.s3 import S3Location
 
 from .settings import OperatorSettings
@@ -164,13 +165,13 @@ def _bundle_problems(bundle: BundleRef) -> list[str]:
         if not parts.netloc or parts.path.strip("/") == "":
             out.append(f"spec.bundle.source {bundle.source!r}: an oci:// source needs "
                        "registry/repository (oci://host:port/repo)")
-    elif parts.scheme == "s3":
+    elif parts.scheme in ("s3", "hf"):
         try:
-            S3Location.parse(bundle.source)
+            (S3Location if parts.scheme == "s3" else HfLocation).parse(bundle.source)
         except ManifestError as e:
             out.append(f"spec.bundle.source {e}")
     else:
-        out.append(f"spec.bundle.source {bundle.source!r}: scheme must be file, http, https, oci or s3")
+        out.append(f"spec.bundle.source {bundle.source!r}: scheme must be file, http, https, oci, s3 or hf")
     secret = bundle.credentials_secret
     if secret is not None:
         if not DNS_SUBDOMAIN_RE.match(secret) or len(secret) > 253:

@@ -17,6 +17,9 @@ from bundle.throughput import source_key
     ("s3://bucket/team/x/?endpoint=http://127.0.0.1:9000&addressing=virtual",
      "s3://bucket/team/x@http://127.0.0.1:9000"),
     ("s3://Bad_Bucket/x", None),
+    ("hf://org/name@0123456789abcdef0123456789abcdef01234567", "hf://org/name@https://huggingface.co"),
+    ("hf://org/name@0123456789abcdef0123456789abcdef01234567?endpoint=http://127.0.0.1:8090&chunk=65536", "hf://org/name@http://127.0.0.1:8090"),
+    ("hf://org/name", None),
     (None, None),
 ])
 def test_source_key_names_the_repository_never_credentials(uri, key):

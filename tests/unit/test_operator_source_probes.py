@@ -28,6 +28,9 @@ from resident_operator.source_probes import SourceProbes, backoff, source_key
     ("s3://bucket/key?region=eu-west-1&addressing=path", "https://s3.eu-west-1.amazonaws.com:443"),
     ("s3://bucket/key?endpoint=http://Minio.example:9000", "http://minio.example:9000"),
     ("s3://bucket/key?endpoint=https://minio.example", "https://minio.example:443"),
+    ("hf://org/name@0123456789abcdef0123456789abcdef01234567", "https://huggingface.co:443"),
+    ("hf://org/name@0123456789abcdef0123456789abcdef01234567?endpoint=http://127.0.0.1:8090", "http://127.0.0.1:8090"),
+    ("hf://org", None),
     ("s3://Not_A_Bucket/key", None),
     ("http://host:notaport/", None),
 ])
