@@ -39,6 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -83,6 +85,17 @@ def show_events(cluster, facts: DemoFacts) -> None:
     stamp(f"the model's Events (last {len(shown)} of {len(events)}; kubectl describe rm {NAME} -n {NAMESPACE})")
     detail("\n".join(f"{e.get('type', ''):<8} {e.get('reason', ''):<22} {clip(e.get('message') or '', 80)}"
                       for e in shown))
+
+
+def show_plugin_view(cluster) -> None:
+    """The model as the project's kubectl plugin shows it (``kubectl resident``, found on
+    PATH as ``kubectl-resident``, as kubectl finds plugins; flags after the plugin's name)."""
+    stamp("the model as `kubectl resident get` and `history` show it (the project's kubectl plugin):")
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    for verb in ("get", "history"):
+        done = subprocess.run([str(cluster.bin_dir / "kubectl"), "resident", verb, NAME, "-n", NAMESPACE],
+                              env=env, text=True, capture_output=True, timeout=60)
+        detail(done.stdout if done.returncode == 0 else f"kubectl resident {verb} failed: {done.stderr.strip()}")
 
 
 def clip(text: str, width: int) -> str:
@@ -191,9 +204,7 @@ def run(size_mib: int, work: Path, keep: bool, backend: str = "cpu", nodes: int 
         show_events(cluster, facts)
         facts.picture = draw_transitions(facts.transitions, work / "transitions.png",
                                          f"{NAMESPACE}/{NAME}: revision switches ({backend}, {size_mib} MiB)")
-        stamp("the model as `kubectl resident get` shows it (the project's kubectl plugin):")
-        detail(cluster.kubectl("resident", "get", NAME, "-n", NAMESPACE).stdout)
-        detail(cluster.kubectl("resident", "history", NAME, "-n", NAMESPACE).stdout)
+        show_plugin_view(cluster)
 
         deleted = time.monotonic()
         story.delete_and_wait_gone()
