@@ -44,11 +44,13 @@ class World(NamedTuple):
         return story
 
     def fresh_revision(self, base: str, kind: str, seed: int) -> str:
-        """A new revision of ``kind`` derived from revision ``base``, pushed: not on the node yet."""
+        """A new revision of ``kind`` derived from revision ``base``, pushed: not on the node yet.
+        Its folder is ``dirs[f"fresh-{seed}"]``."""
         target = self.dirs[base].parent / f"fresh-{seed}"
         digest = make_revision(self.dirs[base], target, kind, fraction=0.005, seed=seed,
                                chunk_size=CHUNK).digest
         self.server.push(target)
+        self.dirs[target.name] = target
         return digest
 
 

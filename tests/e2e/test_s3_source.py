@@ -23,26 +23,31 @@ NAMESPACE = "e2e-s3"
 
 def test_a_model_from_s3_with_credentials_in_a_secret_serves_and_switches(world, s3_endpoint, s3_bucket,
                                                                           s3_prefix):
-    revs, cluster = world.revs, world.cluster
+    cluster = world.cluster
+    # revisions of its own after A: the node keeps what it staged, and a later test's
+    # switch to the shared B must find B new to the node
+    digests = {"a": world.revs.a, "fresh-71": world.fresh_revision("a", "rows", seed=71),
+               "fresh-72": world.fresh_revision("a", "rows", seed=72)}
+    a, b, c = digests.values()
     # the session's S3 server (tests/conftest.py), exposed to the cluster
-    for k in ("a", "b", "c"):
+    for k in digests:
         push(world.dirs[k], f"s3://{s3_bucket}/{s3_prefix}?endpoint={s3_endpoint}", credentials=CREDENTIALS)
     port = int(s3_endpoint.rsplit(":", 1)[1])
     source = f"s3://{s3_bucket}/{s3_prefix}?endpoint=http://{cluster.expose(port)}"
     story = world.story(NAMESPACE, "from-s3")
     cluster.kubectl("create", "secret", "generic", "s3-reader", "-n", NAMESPACE,
                     *(f"--from-literal={k}={v}" for k, v in CREDENTIALS.items()))
-    body = model_body(story.name, source, revs.a)
+    body = model_body(story.name, source, a)
     body["spec"]["bundle"]["credentialsSecret"] = "s3-reader"
     story.apply(body)
-    story.wait_ready(revs.a)
+    story.wait_ready(a)
     pod = story.owner_pods()[0]
     csi = next(v.csi for v in pod.spec.volumes if v.csi)
     assert csi.node_publish_secret_ref.name == "s3-reader"
-    assert story.generate("hello")["identity"]["bundle"] == revs.a
+    assert story.generate("hello")["identity"]["bundle"] == a
 
     # a switch to the next revision is staged from the bucket with the same Secret
-    last = story.transition({"bundle": {"source": source, "digest": revs.b,
+    last = story.transition({"bundle": {"source": source, "digest": b,
                                         "credentialsSecret": "s3-reader"}})
     assert last["result"] == "succeeded", last
 
@@ -50,10 +55,10 @@ def test_a_model_from_s3_with_credentials_in_a_secret_serves_and_switches(world,
     # start (the operator's check names the bucket), and the live one keeps serving
     cluster.kubectl("patch", "secret", "s3-reader", "-n", NAMESPACE, "--type=merge", "-p",
                     json.dumps({"stringData": {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}}))
-    story.patch_spec({"bundle": {"source": source, "digest": revs.c, "credentialsSecret": "s3-reader"}})
+    story.patch_spec({"bundle": {"source": source, "digest": c, "credentialsSecret": "s3-reader"}})
     rm = story.wait("Degraded AccessDenied naming the bucket", lambda rm: (
         condition(rm, "Degraded").get("reason") == "AccessDenied"
         and f"bucket {s3_bucket!r}" in condition(rm, "Degraded").get("message", "")), timeout=120)
     assert "not-the-secret" not in str(rm)
-    assert story.generate("hello")["identity"]["bundle"] == revs.b
+    assert story.generate("hello")["identity"]["bundle"] == b
     story.delete_and_wait_gone()
