@@ -85,6 +85,13 @@ def start_failed(args: argparse.Namespace, reason: str, message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     jsonlog.configure(args.log_level)
+    # First of all: in a container the owner is PID 1, and PID 1 ignores a signal it has no
+    # handler for, so a SIGTERM that came while the backend loads (torch imports for seconds)
+    # was lost and kubelet waited out the grace period before its SIGKILL.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    log.info("owner starting", extra={"backend": args.backend, "bundle_dir": args.bundle_dir})
     if args.verify_chunks and args.backend not in ("cpu", "torch"):
         print("resident owner: --verify-chunks applies to the cpu and torch backends only", file=sys.stderr)
         return 2
@@ -105,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         return start_failed(args, term.BACKEND_UNAVAILABLE, str(e))
     except BackendError as e:
         return start_failed(args, term.BACKEND_FAILED, str(e))
+    if stop.is_set():
+        log.info("owner stopped before it served: a signal came while the backend loaded")
+        return 0
     if args.apply_wait_seconds < 0:
         print("resident owner: --apply-wait-seconds must be >= 0", file=sys.stderr)
         return 2
@@ -118,9 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers:
             server.server_close()
         return start_failed(args, term.PORT_UNAVAILABLE, f"cannot bind {args.host}:{port}: {e}")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     for name, server in zip(("control", "inference"), servers):
         threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     log.info("owner listening", extra={"host": args.host, "port": servers[0].server_address[1],

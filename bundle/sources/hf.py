@@ -66,7 +66,7 @@ from ..manifest import (DEFAULT_CHUNK_SIZE, MANIFEST_NAME, FileEntry, Manifest, 
 from ..scan import DEFAULT_RULES, role_for
 from .credentials import HF_TOKEN, SourceCredentials
 from .ranged import RangedReader, RetryPolicy, TransientUnavailable
-from .source import Source, check_range
+from .source import Source, check_range, endpoint_option, query_options
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 OPTIONS = ("endpoint", "chunk")
@@ -120,14 +120,11 @@ class HfLocation:
             raise ManifestError(f"{uri!r}: no revision; pin a commit: {usage}")
         if not COMMIT_RE.match(revision) and (not REF_RE.match(revision) or ".." in revision):
             raise ManifestError(f"{uri!r}: revision {revision!r} is neither a commit nor a branch name")
-        unknown = sorted(set(query) - set(OPTIONS))
-        if unknown:
-            raise ManifestError(f"{uri!r}: unknown parameter {', '.join(unknown)}; {usage}")
-        repeated = sorted(k for k, v in query.items() if len(v) > 1)
-        if repeated:
-            raise ManifestError(f"{uri!r}: parameter {', '.join(repeated)} given more than once")
-        opts = {k: v[0] for k, v in query.items()}
-        endpoint = _endpoint(uri, opts["endpoint"]) if "endpoint" in opts else DEFAULT_ENDPOINT
+        opts = query_options(uri, query, OPTIONS, usage)
+        endpoint = DEFAULT_ENDPOINT
+        if "endpoint" in opts:
+            endpoint = endpoint_option(uri, opts["endpoint"], "the token belongs in the model's Secret "
+                                       "(spec.bundle.credentialsSecret, key HF_TOKEN)")
         chunk = opts.get("chunk", str(DEFAULT_CHUNK_SIZE))
         if not chunk.isdigit() or int(chunk) % 4096 or not MIN_CHUNK <= int(chunk) <= MAX_CHUNK:
             raise ManifestError(f"{uri!r}: chunk {chunk!r} must be a number of bytes, a multiple of "
@@ -151,22 +148,6 @@ class HfLocation:
     def where(self) -> str:
         return f"{self.repo_id} at {self.endpoint}"
 
-
-def _endpoint(uri: str, value: str) -> str:
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as e:
-        raise ManifestError(f"{uri!r}: endpoint {value!r} is not a URL ({e})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ManifestError(f"{uri!r}: endpoint {value!r} must be http(s)://host[:port]")
-    if parts.username is not None or parts.password is not None:
-        raise ManifestError(f"{uri!r}: endpoint {value!r} carries user info; the token belongs "
-                            "in the model's Secret (spec.bundle.credentialsSecret, key HF_TOKEN)")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ManifestError(f"{uri!r}: endpoint {value!r} must be http(s)://host[:port], without a path")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 def left_out(path: str) -> bool:

@@ -57,7 +57,7 @@ from ..manifest import MAX_MANIFEST_BYTES, FileEntry, ManifestError
 from .credentials import S3_ACCESS_KEY, S3_SECRET_KEY, S3_SESSION_TOKEN, SourceCredentials
 from .publish import FileBody, Progress, open_bundle, send_contents
 from .ranged import CONTENT_RANGE, RetryPolicy, TransientUnavailable, read_resumably
-from .source import BLOCK_SIZE, Source, check_range
+from .source import BLOCK_SIZE, Source, check_range, endpoint_option, query_options
 
 T = TypeVar("T")
 DEFAULT_REGION = "us-east-1"
@@ -113,14 +113,11 @@ class S3Location:
         prefix = parts.path.strip("/")
         if prefix and any(seg in ("", ".", "..") for seg in prefix.split("/")):
             raise ManifestError(f"{uri!r}: prefix {prefix!r} has an empty, '.' or '..' segment")
-        unknown = sorted(set(query) - set(OPTIONS))
-        if unknown:
-            raise ManifestError(f"{uri!r}: unknown parameter {', '.join(unknown)}; {usage}")
-        repeated = sorted(k for k, v in query.items() if len(v) > 1)
-        if repeated:
-            raise ManifestError(f"{uri!r}: parameter {', '.join(repeated)} given more than once")
-        opts = {k: v[0] for k, v in query.items()}
-        endpoint = _endpoint(uri, opts["endpoint"]) if "endpoint" in opts else None
+        opts = query_options(uri, query, OPTIONS, usage)
+        endpoint = None
+        if "endpoint" in opts:
+            endpoint = endpoint_option(uri, opts["endpoint"], "credentials belong in the model's Secret "
+                                       "(spec.bundle.credentialsSecret)")
         region = opts.get("region", DEFAULT_REGION)
         if not REGION_RE.match(region):
             raise ManifestError(f"{uri!r}: region {region!r} is not a region name")
@@ -150,23 +147,6 @@ class S3Location:
         """``s3://bucket/key``, naming one object in messages."""
         return f"s3://{self.bucket}/{key}"
 
-
-def _endpoint(uri: str, value: str) -> str:
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as e:
-        raise ManifestError(f"{uri!r}: endpoint {value!r} is not a URL ({e})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ManifestError(f"{uri!r}: endpoint {value!r} must be http(s)://host[:port]")
-    if parts.username is not None or parts.password is not None:
-        raise ManifestError(f"{uri!r}: endpoint {value!r} carries user info; credentials "
-                            "belong in the model's Secret (spec.bundle.credentialsSecret)")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ManifestError(f"{uri!r}: endpoint {value!r} must be http(s)://host[:port], "
-                            "without a path or query")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 # -- the client --------------------------------------------------------------------------

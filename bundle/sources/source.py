@@ -18,9 +18,10 @@ from __future__ import annotations
 import abc
 import hashlib
 from typing import Iterator
+from urllib.parse import urlsplit
 
 from ..errors import IntegrityMismatch
-from ..manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest, check_digest
+from ..manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest, ManifestError, check_digest
 
 BLOCK_SIZE = 1024 * 1024  # bytes yielded per block by every source
 
@@ -90,3 +91,34 @@ def fetch_verified(src: Source, entry: FileEntry, offset: int, length: int,
         raise IntegrityMismatch(entry.path, expected_sha256, actual, chunk=chunk,
                                 received=len(data), wanted=length, detail=f"from {src.uri}")
     return data
+
+
+def endpoint_option(uri: str, value: str, credentials: str) -> str:
+    """The ``endpoint=`` option of a source URI, normalized to ``http(s)://host[:port]``.
+    User info is refused: ``credentials`` says where they belong instead."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as e:
+        raise ManifestError(f"{uri!r}: endpoint {value!r} is not a URL ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ManifestError(f"{uri!r}: endpoint {value!r} must be http(s)://host[:port]")
+    if parts.username is not None or parts.password is not None:
+        raise ManifestError(f"{uri!r}: endpoint {value!r} carries user info; {credentials}")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ManifestError(f"{uri!r}: endpoint {value!r} must be http(s)://host[:port], "
+                            "without a path or query")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+def query_options(uri: str, query: dict[str, list[str]], allowed: tuple[str, ...], usage: str) -> dict[str, str]:
+    """A source URI's parsed query (``parse_qs``) as one value per option; an unknown or
+    repeated option is refused."""
+    unknown = sorted(set(query) - set(allowed))
+    if unknown:
+        raise ManifestError(f"{uri!r}: unknown parameter {', '.join(unknown)}; {usage}")
+    repeated = sorted(k for k, v in query.items() if len(v) > 1)
+    if repeated:
+        raise ManifestError(f"{uri!r}: parameter {', '.join(repeated)} given more than once")
+    return {k: v[0] for k, v in query.items()}

@@ -5,6 +5,7 @@ backend is a clear error."""
 
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -102,3 +103,36 @@ def test_torch_backend_without_torch_is_a_clear_error(demo, tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 1 and "resident[torch]" in proc.stderr, proc.stderr
+
+
+def test_as_pid_1_a_sigterm_while_the_backend_loads_stops_the_owner(tmp_path):
+    """In a container the owner is PID 1 of its PID namespace, and PID 1 ignores a signal it
+    has no handler for: a SIGTERM that came while torch was imported used to be lost, and
+    kubelet waited out the Pod's grace period. Here the owner runs as PID 1 of a new PID
+    namespace (util-linux unshare), gets SIGTERM once it says it is starting (torch takes
+    seconds to import after that), and must exit 0 on its own."""
+    (tmp_path / "token").write_text("s3cret\n")
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", *RESIDENT, "owner", "--backend", "torch",
+         "--device", "cpu", "--bundle-dir", str(tmp_path / "vol"), "--token-file", str(tmp_path / "token"),
+         "--port", "0", "--inference-port", "0"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        children = f"/proc/{proc.pid}/task/{proc.pid}/children"
+        deadline = time.monotonic() + 60
+        while not open(children).read().split():
+            assert time.monotonic() < deadline, "unshare never started the owner"
+            time.sleep(0.01)
+        owner_pid = int(open(children).read().split()[0])
+        nspid = next(line for line in open(f"/proc/{owner_pid}/status") if line.startswith("NSpid:"))
+        assert nspid.split()[-1] == "1", nspid       # its PID in the innermost namespace
+        starting = next((line for line in proc.stderr if '"owner starting"' in line), None)
+        assert starting, "the owner exited before it said it was starting"
+        os.kill(owner_pid, signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert "a signal came while the backend loaded" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
