@@ -5,9 +5,8 @@ names) into a directory of its own, starts ``/usr/bin/prometheus`` (the ``promet
 package that scripts/bootstrap installs) with its TSDB there, listening only on
 ``127.0.0.1`` at a free port, and yields a :class:`Prometheus` once ``/-/ready`` answers.
 A system instance the package may have started is never used: this one has its own port,
-configuration and data. The lifecycle API is on, so :meth:`Prometheus.reload` reads the
-files again. On exit the process gets SIGTERM (then SIGKILL), and its data goes with
-the directory.
+configuration and data. On exit the process gets SIGTERM (then SIGKILL), and its data
+goes with the directory.
 
 :class:`Prometheus` is the test's view of it through the HTTP API: instant queries, the
 active alerts, the scrape targets.
@@ -40,7 +39,6 @@ def prometheus_binary() -> str:
 @dataclass
 class Prometheus:
     url: str
-    config_file: Path
 
     def _get(self, path: str, **params) -> dict:
         answer = requests.get(self.url + path, params=params, timeout=10)
@@ -65,9 +63,6 @@ class Prometheus:
         """Active scrape targets, each with its ``labels``, ``health`` and ``lastError``."""
         return self._get("/api/v1/targets", state="active")["activeTargets"]
 
-    def reload(self) -> None:
-        requests.post(self.url + "/-/reload", timeout=30).raise_for_status()
-
 
 @contextlib.contextmanager
 def running_prometheus(work: Path, config: dict, timeout: float = 30.0):
@@ -79,7 +74,7 @@ def running_prometheus(work: Path, config: dict, timeout: float = 30.0):
     port = free_port()
     argv = [prometheus_binary(), f"--config.file={config_file}",
             f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle", "--storage.tsdb.retention.time=1d"]
+            "--storage.tsdb.retention.time=1d"]
     group = ProcessGroup(work / "logs")
     url = f"http://127.0.0.1:{port}"
     try:
@@ -96,6 +91,6 @@ def running_prometheus(work: Path, config: dict, timeout: float = 30.0):
                 raise RuntimeError(f"Prometheus did not get ready at {url} in {timeout:.0f} s:\n"
                                    + group.log_tail("prometheus"))
             time.sleep(0.1)
-        yield Prometheus(url, config_file)
+        yield Prometheus(url)
     finally:
         group.stop(timeout=5.0)
