@@ -16,4 +16,8 @@ list leaves ``testkit`` out, and no installed package imports it.
 - :mod:`testkit.local_volume`: a bundle volume laid out on local disk the way the bridge
   publishes one, for running an owner without the bridge;
 - :mod:`testkit.s3_server`: a real S3-compatible server (SeaweedFS) on 127.0.0.1.
+- :mod:`testkit.prometheus_server`: Debian's Prometheus on 127.0.0.1, with a configuration
+  of the test's;
+- :mod:`testkit.pod_discovery`: Pods as HTTP service discovery, labelled as Prometheus'
+  Kubernetes discovery labels them (Debian's build has none).
 """
