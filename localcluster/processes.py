@@ -69,6 +69,24 @@ class ProcessGroup:
                 tail = self.log_tail(name)
                 raise RuntimeError(f"{name} exited with {proc.returncode}; last log lines:\n{tail}")
 
+    def await_http(self, url: str, what: str, timeout: float, ready=lambda answer: True) -> None:
+        """Poll ``url`` until it answers (and ``ready(answer)``), while every child still
+        runs; RuntimeError with the log's last lines after ``timeout`` s."""
+        import requests
+
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            try:
+                if ready(requests.get(url, timeout=1)):
+                    return
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                tails = "\n".join(self.log_tail(name) for name, _ in self.children)
+                raise RuntimeError(f"{what} did not answer {url} in {timeout:.0f} s; last log lines:\n{tails}")
+            time.sleep(0.1)
+
     def log_tail(self, name: str, lines: int = 20) -> str:
         path = self.log_dir / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""

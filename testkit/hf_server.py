@@ -20,10 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import requests
 
 from localcluster.processes import ProcessGroup, free_port
 
@@ -69,16 +66,7 @@ def running_hub(work: Path, timeout: float = 60.0):
     try:
         group.start("olah", [olah_binary(), "-c", str(config), "--log-path", str(work / "logs")],
                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + timeout
-        while True:
-            group.check_alive()
-            try:
-                requests.get(endpoint + "/api/whoami-v2", timeout=1)
-                break
-            except requests.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"olah did not answer {endpoint} in {timeout:.0f} s") from None
-                time.sleep(0.1)
+        group.await_http(endpoint + "/api/whoami-v2", "olah", timeout)
         yield endpoint, mirrors
     finally:
         group.stop(timeout=2.0)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,18 +78,7 @@ def running_prometheus(work: Path, config: dict, timeout: float = 30.0):
     url = f"http://127.0.0.1:{port}"
     try:
         group.start("prometheus", argv)
-        deadline = time.monotonic() + timeout
-        while True:
-            group.check_alive()
-            try:
-                if requests.get(url + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Prometheus did not get ready at {url} in {timeout:.0f} s:\n"
-                                   + group.log_tail("prometheus"))
-            time.sleep(0.1)
+        group.await_http(url + "/-/ready", "Prometheus", timeout, ready=lambda answer: answer.status_code == 200)
         yield Prometheus(url)
     finally:
         group.stop(timeout=5.0)

@@ -22,8 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import requests
-
 from bundle.sources.credentials import SourceCredentials
 from bundle.sources.ranged import RetryPolicy
 from bundle.sources.s3 import S3Location, make_client
@@ -66,17 +64,7 @@ def running_s3(work: Path, timeout: float = 60.0):
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     try:
         group.start("weed", argv)
-        deadline = time.monotonic() + timeout
-        while True:
-            group.check_alive()
-            try:
-                requests.get(endpoint + "/", timeout=1)
-                break
-            except requests.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"SeaweedFS's S3 gateway did not answer {endpoint} "
-                                       f"in {timeout:.0f} s") from None
-                time.sleep(0.1)
+        group.await_http(endpoint + "/", "SeaweedFS's S3 gateway", timeout)
         yield endpoint
     finally:
         group.stop(timeout=2.0)

@@ -1,0 +1,47 @@
+"""A torch model from ``hf://`` at a commit, on a real node (issue 28).
+
+A real Hub-compatible server (olah, ``testkit.hf_server``) on this machine holds a tiny
+Llama-style checkpoint in a git repository, in two commits: A, and B with rows of A
+changed. It is exposed to the shared cluster (``world``). The model names the repository at
+commit A; the operator checks the source, the bridge makes the bundle from the commit's
+files and delivers it, and the torch backend in the owner-torch image answers as
+transformers answers on the same files. A switch to commit B is applied in place, and the
+answer is then transformers' answer on B.
+"""
+
+from __future__ import annotations
+
+from bundle.manifest import MANIFEST_NAME
+from localcluster.images import owner_torch_image
+from localcluster.scenario import CHUNK, make_hf_bundles, model_body
+
+from test_torch_owner import SIZE, TOKENS, transformers_text
+from hf_checkpoints import PROMPT
+
+
+def test_a_torch_model_from_hf_at_a_commit_answers_as_transformers_and_switches_commits(world, hub, hub_repo,
+                                                                                         tmp_path):
+    image, tarball = owner_torch_image()
+    world.cluster.import_image(tarball)
+    digests, dirs = make_hf_bundles(tmp_path, SIZE, fraction=0.2)
+    commits = {k: hub_repo.commit({p.name: p.read_bytes() for p in dirs[k].iterdir() if p.name != MANIFEST_NAME},
+                                  message=f"revision {k}") for k in "ab"}
+    want = {k: transformers_text(dirs[k]) for k in "ab"}
+    assert want["a"] != want["b"], "the rows commit must change the answer, or the switch shows nothing"
+    endpoint = f"http://{world.cluster.expose(int(hub[0].rsplit(':', 1)[1]))}"
+
+    def source(k: str) -> str:
+        return f"hf://{hub_repo.repo_id}@{commits[k]}?endpoint={endpoint}&chunk={CHUNK}"
+
+    story = world.story("e2e-hf")
+    story.apply(model_body(story.name, source("a"), digests["a"], image=image))
+    story.wait_ready(digests["a"])
+    _, answer = story.complete(PROMPT, TOKENS)
+    assert (answer["choices"][0]["text"], answer["system_fingerprint"]) == (want["a"], digests["a"])
+
+    last = story.transition({"bundle": {"source": source("b"), "digest": digests["b"]}})
+    assert (last["strategy"], last["result"]) == ("InPlace", "succeeded"), last
+    assert last["bytes"]["fetched"] > 0 and last["bytes"]["reused"] > 0, last["bytes"]   # only what changed moved
+    _, answer = story.complete(PROMPT, TOKENS)
+    assert (answer["choices"][0]["text"], answer["system_fingerprint"]) == (want["b"], digests["b"])
+    story.delete_and_wait_gone()
