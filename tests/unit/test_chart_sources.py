@@ -31,6 +31,23 @@ def test_chart_crds_are_generated_from_crds_folder():
     assert sources and sorted(p.name for p in chart_crds.TARGET_DIR.glob("*.yaml")) == sources
 
 
+def test_a_delivery_accepts_every_source_a_model_accepts():
+    """The operator copies the model's source into its BundleDelivery: a scheme the model's
+    CRD admits and the delivery's refuses fails every transition of such a model (hf://
+    did, found by its e2e test)."""
+    def source_schema(crd: str, *path: str) -> dict:
+        doc = yaml.safe_load((chart_crds.SOURCE_DIR / crd).read_text())
+        node = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for key in path:
+            node = node["properties"][key]
+        return node
+
+    model = source_schema("residentmodels.resident.dev.yaml", "spec", "bundle", "source")
+    delivery = source_schema("bundledeliveries.resident.dev.yaml", "spec", "bundle", "source")
+    assert delivery["pattern"] == model["pattern"]
+    assert delivery["maxLength"] >= model["maxLength"]
+
+
 def test_chart_crd_carries_the_source_spec_unchanged():
     for source in sorted(chart_crds.SOURCE_DIR.glob("*.yaml")):
         original = yaml.safe_load(source.read_text())
