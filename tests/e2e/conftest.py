@@ -45,7 +45,9 @@ class World(NamedTuple):
 
     def fresh_revision(self, base: str, kind: str, seed: int) -> str:
         """A new revision of ``kind`` derived from revision ``base``, pushed: not on the node yet.
-        Its folder is ``dirs[f"fresh-{seed}"]``."""
+        Its folder is ``dirs[f"fresh-{seed}"]``; each test takes seeds of its own."""
+        if f"fresh-{seed}" in self.dirs:
+            raise ValueError(f"seed {seed} is taken by another test's revision")
         target = self.dirs[base].parent / f"fresh-{seed}"
         digest = make_revision(self.dirs[base], target, kind, fraction=0.005, seed=seed,
                                chunk_size=CHUNK).digest

@@ -26,8 +26,8 @@ def test_a_model_from_s3_with_credentials_in_a_secret_serves_and_switches(world,
     cluster = world.cluster
     # revisions of its own after A: the node keeps what it staged, and a later test's
     # switch to the shared B must find B new to the node
-    digests = {"a": world.revs.a, "fresh-71": world.fresh_revision("a", "rows", seed=71),
-               "fresh-72": world.fresh_revision("a", "rows", seed=72)}
+    digests = {"a": world.revs.a, "fresh-81": world.fresh_revision("a", "rows", seed=81),
+               "fresh-82": world.fresh_revision("a", "rows", seed=82)}
     a, b, c = digests.values()
     # the session's S3 server (tests/conftest.py), exposed to the cluster
     for k in digests:
