@@ -1,8 +1,9 @@
 """Namespace authorization: a Pod may mount only bundles its own namespace declares.
 
 With ``podInfoOnMount`` kubelet tells the bridge which Pod a volume is for. A bundle is
-declared in a namespace by a ResidentModel there: its ``spec.bundle`` (digest and source)
-or, while a transition is under way, the revision it currently reports in
+declared in a namespace by a ResidentModel there: its ``spec.bundle`` and ``spec.stage``
+(digest and source), the revision it keeps for a rollback (``status.previousBundle``) or,
+while a transition is under way, the revision it currently reports in
 ``status.identity.bundle``. A Pod naming a bundle no ResidentModel of its namespace
 declares gets PERMISSION_DENIED. Declaring a digest is not enough to read it: a copied
 digest with a bogus source is stopped by the proof of possession (``possession.py``).
@@ -81,11 +82,13 @@ class StaticPolicy:
 
 def declared_bundles(model: dict) -> set[tuple[str, str | None]]:
     """(digest, source) pairs a ResidentModel declares; source None means 'any source'."""
-    spec_bundle = (model.get("spec") or {}).get("bundle") or {}
-    status_identity = (model.get("status") or {}).get("identity") or {}
+    spec, status = model.get("spec") or {}, model.get("status") or {}
+    status_identity = status.get("identity") or {}
     out: set[tuple[str, str | None]] = set()
-    if spec_bundle.get("digest"):
-        out.add((spec_bundle["digest"], spec_bundle.get("source")))
+    # the live revision, the one staged ahead, and the one kept for a rollback
+    for ref in (spec.get("bundle"), spec.get("stage"), status.get("previousBundle")):
+        if isinstance(ref, dict) and ref.get("digest"):
+            out.add((ref["digest"], ref.get("source")))
     if status_identity.get("bundle"):
         out.add((status_identity["bundle"], None))
     return out

@@ -1,7 +1,10 @@
-"""Live staging: put a new revision into a Pod's published volume, for a transition.
+"""Live staging: put a new revision into a Pod's published volume, for a transition or ahead of one.
 
 A BundleDelivery asks for revision X in the live volume of Pod P by path GraphOnly or
 WholeBundle, optionally rebased on a donor (the volume's current revision by default).
+With ``activate: false`` (a pre-staged revision: the model's ``spec.stage``, or the revision
+kept for a rollback) X is staged beside the live revision and ``current`` stays where it
+is; setting ``activate`` later (a switch to X) stages it again, which only moves ``current``.
 Staging, in order, each step repeatable:
 
 1. find the Pod's published volume (by Pod UID, and model when given), and authorize the
@@ -13,7 +16,8 @@ Staging, in order, each step repeatable:
    ``minReuse`` and done as a reconstruct), reading the source with the credentials the
    volume's last publish brought (a source that reads credentials waits, Pending, until
    kubelet has published the volume since the bridge started);
-4. hardlink X into ``<volume>/revisions/`` (whole or not at all) and move ``current``;
+4. hardlink X into ``<volume>/revisions/`` (whole or not at all) and, if the delivery
+   activates it, move ``current``;
 5. verify: every file of X in the volume is the store's verified inode, with its size;
 6. record ``staged`` with the status to report.
 
@@ -59,6 +63,7 @@ class DeliverySpec(BaseModel):
     donor: str = ""
     rebase: str = Field(default="Auto", pattern="^(Auto|Never)$")
     min_reuse: float = Field(default=0.5, alias="minReuse", ge=0, le=1)
+    activate: bool = True
 
 
 class NotYet(Exception):
@@ -154,7 +159,8 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
             raise
         volumes.link_revision(store, vdir, digest)
         checkpoints.reached("stage:after-link")
-        volumes.set_current(vdir, digest)
+        if spec.activate:
+            volumes.set_current(vdir, digest)
         verified = verify_staged(store, vdir, digest) and res.verified
         status = {
             "phase": "Staged" if verified else "Failed",
@@ -165,12 +171,14 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
             "bytes": {"fetched": res.bytes_fetched, "reused": res.bytes_reused,
                       "written": res.bytes_written},
             "durationSeconds": round(time.monotonic() - t0, 6),
+            "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "verified": verified,
             "revisionPath": f"{volumes.REVISIONS}/{revision_dirname(digest)}",
             "reason": "Staged" if verified else "VerificationFailed",
             "message": f"{digest} staged into the volume of Pod {spec.pod_name} by {res.method}"
                        + (f" ({res.fallback_reason or res.cost_reason})"
-                          if res.fallback_reason or res.cost_reason else ""),
+                          if res.fallback_reason or res.cost_reason else "")
+                       + ("" if spec.activate else "; pre-staged: the volume's current revision is unchanged"),
         }
         if res.fallback_reason:  # the client sends "" as null, which the schema refuses
             status["fallbackReason"] = res.fallback_reason
@@ -198,8 +206,18 @@ def verify_staged(store, volume: Path, digest: str) -> bool:
     return (staged / MANIFEST_NAME).read_bytes() == manifest.canonical_json()
 
 
-def release(bridge, uid: str) -> bool:
-    """The BundleDelivery is being deleted: release its lease and forget it."""
+def release(bridge, uid: str, spec: dict | None = None) -> bool:
+    """The BundleDelivery is being deleted: release its lease and forget it. A pre-staged
+    revision (``activate: false``) that is not the volume's current one also leaves the
+    volume, so its bytes are freed once the store collects them; a transition's revision
+    stays until the volume is unpublished (``current`` may point at it)."""
+    rec = bridge.state.delivery(uid)
+    if rec is not None and (spec or {}).get("activate") is False and rec.target_path:
+        pub = bridge.state.publication(rec.target_path)
+        others = {d.digest for d in bridge.state.deliveries()
+                  if d.uid != uid and d.target_path == rec.target_path}
+        if pub is not None and rec.digest not in others:
+            volumes.unlink_revision(Path(pub.volume_dir), rec.digest)
     released = bridge.store.release_lease(delivery_holder(uid))
     bridge.state.delete_delivery(uid)
     return released

@@ -97,6 +97,24 @@ def build(store, volume: Path, digest: str) -> None:
         set_current(volume, digest)
 
 
+def unlink_revision(volume: Path, digest: str) -> bool:
+    """Remove revision ``digest`` from the volume unless ``current`` points at it; False if
+    it stays. It is moved out of ``revisions/`` first (one rename, to a name of its own, so a
+    stage running into ``.incoming/`` meanwhile is not touched), so a reader sees it whole
+    or not at all; files an owner still has open or mapped stay readable to it."""
+    volume = Path(volume)
+    final = revision_dir(volume, digest)
+    if not final.is_dir() or current_digest(volume) == digest:
+        return False
+    doomed = volume / f".released-{final.name}"
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.rename(final, doomed)
+    _fsync_dir(volume / REVISIONS)
+    shutil.rmtree(doomed)
+    return True
+
+
 def clear_incoming(volume: Path) -> None:
     incoming = Path(volume) / INCOMING
     if incoming.exists():

@@ -21,7 +21,8 @@ RESIDENT = "Resident"
 READY = "Ready"
 TRANSITIONING = "Transitioning"
 DEGRADED = "Degraded"
-ALL_TYPES = (DELIVERED, RESIDENT, READY, TRANSITIONING, DEGRADED)
+STAGED = "Staged"   # only while spec.stage is set (or was, until the next pass says so)
+ALL_TYPES = (DELIVERED, RESIDENT, READY, TRANSITIONING, DEGRADED, STAGED)
 
 
 def rfc3339(now: datetime) -> str:

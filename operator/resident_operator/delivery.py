@@ -24,8 +24,9 @@ FAILED = "Failed"
 def build_bundle_delivery(model: str, model_uid: str, spec: ModelSpec, *, slot: int,
                           incarnation: int, pod_name: str, pod_uid: str, node_name: str,
                           target_digest: str, target_source: str, path: str,
-                          donor_digest: str = "") -> dict[str, Any]:
-    """The delivery of ``target_digest`` into the volume of ``pod_name`` (by UID)."""
+                          donor_digest: str = "", activate: bool = True) -> dict[str, Any]:
+    """The delivery of ``target_digest`` into the volume of ``pod_name`` (by UID); with
+    ``activate`` False a pre-staged one, which leaves the volume's live revision alone."""
     labels = naming.model_labels(model, model_uid, naming.COMPONENT_DELIVERY)
     labels.update({naming.LABEL_SLOT: str(slot), naming.LABEL_INCARNATION: str(incarnation),
                    naming.LABEL_REVISION: naming.revision_label(target_digest)})
@@ -33,6 +34,7 @@ def build_bundle_delivery(model: str, model_uid: str, spec: ModelSpec, *, slot: 
         "nodeName": node_name, "podName": pod_name, "podUID": pod_uid, "model": model,
         "bundle": {"source": target_source, "digest": target_digest},
         "path": path, "rebase": spec.delivery.rebase, "minReuse": spec.delivery.min_reuse,
+        "activate": activate,
     }
     if donor_digest:
         body_spec["donor"] = donor_digest
@@ -68,6 +70,14 @@ class DeliveryObservation:
     verified: bool = False
     attempts: int = 0
     next_attempt_time: str = ""
+    finished_at: str = ""
+    activate: bool = True
+    current: bool = True   # the status answers the delivery's current generation
+
+    @property
+    def settled(self) -> bool:
+        """Staged as its spec now asks (an activated pre-staged revision: ``current`` moved)."""
+        return self.staged and self.current
 
     @property
     def staged(self) -> bool:
@@ -97,4 +107,6 @@ def observe_delivery(body: dict[str, Any] | None) -> DeliveryObservation | None:
         written=int(b.get("written") or 0),
         duration_seconds=float(st.get("durationSeconds") or 0.0),
         verified=bool(st.get("verified")), attempts=int(st.get("attempts") or 0),
-        next_attempt_time=st.get("nextAttemptTime") or "")
+        next_attempt_time=st.get("nextAttemptTime") or "", finished_at=st.get("finishedAt") or "",
+        activate=(body.get("spec") or {}).get("activate", True) is not False,
+        current=st.get("observedGeneration") in (None, (body.get("metadata") or {}).get("generation")))

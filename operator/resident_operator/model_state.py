@@ -52,7 +52,8 @@ from .transition import TransitionState
 log = logging.getLogger("resident.operator")
 MAX_WRITE_ATTEMPTS = 5
 RECORDS = ("children", "incarnations")   # merged with what another writer wrote
-PROGRESS = ("bundle", "transition", "pendingTransition", "lastTransition")   # compare-and-set
+PROGRESS = ("bundle", "previousBundle", "transition", "pendingTransition",   # compare-and-set
+            "lastTransition")
 
 
 @dataclass
@@ -123,6 +124,7 @@ class ModelState:
         self.resource_version = resource_version
         self.children: list[ch.Child] = [dict(c) for c in status.get("children") or []]
         self.bundle: dict[str, str] = dict(status.get("bundle") or {})
+        self.previous: dict[str, str] | None = status.get("previousBundle") or None
         self.incarnations: dict[str, int] = {k: int(v) for k, v in (status.get("incarnations") or {}).items()}
         raw = status.get("transition")
         self.transition: TransitionState | None = TransitionState.model_validate(raw) if raw else None
@@ -198,6 +200,8 @@ class ModelState:
         self.incarnations = {k: int(v) for k, v in (status.get("incarnations") or {}).items()}
         if "bundle" not in keep:
             self.bundle = dict(status.get("bundle") or {})
+        if "previousBundle" not in keep:
+            self.previous = status.get("previousBundle") or None
         if "transition" not in keep:
             raw = status.get("transition")
             self.transition = TransitionState.model_validate(raw) if raw else None
@@ -218,9 +222,21 @@ class ModelState:
             self._patch({"children": self.children})
 
     # -- revision, slots -----------------------------------------------------------
-    def commit_bundle(self, digest: str, source: str) -> None:
+    def commit_bundle(self, digest: str, source: str, keep_previous: bool | None = None) -> None:
+        """The owners run ``digest`` now. After a switch, ``keep_previous`` says whether the
+        revision they left is remembered (``previousBundle``) to stay staged for a rollback;
+        None leaves ``previousBundle`` as it is (the same revision at a new source)."""
+        patch: dict[str, Any] = {}
+        if keep_previous is not None:
+            left = self.bundle.get("digest") not in (None, digest)
+            self.previous = dict(self.bundle) if keep_previous and left else None
+            patch["previousBundle"] = self.previous
         self.bundle = {"digest": digest, "source": source}
-        self._patch({"bundle": self.bundle})
+        self._patch(dict(patch, bundle=self.bundle))
+
+    def forget_previous(self) -> None:
+        self.previous = None
+        self._patch({"previousBundle": None})
 
     def incarnation(self, slot: int) -> int:
         return self.incarnations.get(str(slot), 0)

@@ -16,6 +16,7 @@ from . import children as ch
 from . import naming
 from .context import ModelContext, log
 from .delivery import build_bundle_delivery, observe_delivery
+from .prestage import kept_revisions
 from .model_state import ModelState
 from .observe import OwnerView
 from .owner_client import OwnerUnreachable
@@ -44,7 +45,7 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
     if exists:
         obs.update(pod_uid=view.uid, node=view.node, running=view.running, ready=view.ready,
                    state=view.state, identity_bundle=view.identity.get("bundle"))
-    if p.step == Step.delivering and p.delivery:
+    if p.step in (Step.delivering, Step.releasing) and p.delivery:
         obs["delivery"] = observe_delivery(deliveries.get(p.delivery))
     if p.step == Step.applying and p.owner_transition and exists:
         client = owner_client(ctx, spec, view)
@@ -74,16 +75,17 @@ def drain_seconds(spec: ModelSpec, settings: OperatorSettings) -> float:
 
 
 def release_deliveries(ctx: ModelContext, state: ModelState, deliveries: dict[str, dict[str, Any]],
-                       slot: int, keep_revision: str | None, only_revision: str | None = None
+                       slot: int, keep: set[str] = frozenset(), only_revision: str | None = None
                        ) -> list[str]:
-    """Delete recorded deliveries of ``slot`` (all but ``keep_revision``, or only one)."""
+    """Delete recorded deliveries of ``slot`` (all but those of revisions in ``keep``, or only one)."""
+    kept = {naming.revision_label(d) for d in keep}
     released = []
     for name, bd in deliveries.items():
         labels = bd["metadata"].get("labels") or {}
         rev = labels.get(naming.LABEL_REVISION)
         if labels.get(naming.LABEL_SLOT) != str(slot) or not ch.is_recorded(state.children, bd):
             continue
-        if keep_revision is not None and rev == naming.revision_label(keep_revision):
+        if rev in kept:
             continue
         if only_revision is not None and rev != naming.revision_label(only_revision):
             continue
@@ -92,6 +94,19 @@ def release_deliveries(ctx: ModelContext, state: ModelState, deliveries: dict[st
         if ctx.kube.delete(ctx.namespace, "BundleDelivery", name, bd["metadata"]["uid"]) == "deleted":
             released.append(name)
     return released
+
+
+def set_activate(ctx: ModelContext, bd: dict[str, Any], activate: bool) -> None:
+    """Turn a delivery into a transition's (``activate``: the bridge moves ``current`` to it)
+    or into a pre-staged one (the revision stays beside the live one, for a rollback)."""
+    if (bd.get("spec") or {}).get("activate", True) is activate:
+        return
+    try:   # the UID makes it a precondition: a successor of the same name is not touched
+        ctx.kube.patch(ctx.namespace, "BundleDelivery", bd["metadata"]["name"],
+                       {"metadata": {"uid": bd["metadata"]["uid"]}, "spec": {"activate": activate}})
+    except Exception as e:
+        if getattr(e, "status", None) not in (404, 409):   # gone, or not this one any more
+            raise
 
 
 def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState,
@@ -109,10 +124,19 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
             raise RuntimeError(f"BundleDelivery {bd['metadata']['name']} is taken by another object")
         if got["metadata"].get("deletionTimestamp"):
             return p  # an earlier delivery of this name is still being released: next pass
-        deliveries[got["metadata"]["name"]] = got
-        ctx.event("DeliveryCreated", f"BundleDelivery {got['metadata']['name']}: stage {t.to[:19]} "
-                                     f"into {p.pod} on {p.node} ({t.path})")
-        return p.model_copy(update={"delivery": got["metadata"]["name"]})
+        name = got["metadata"]["name"]
+        deliveries[name] = got
+        prestaged = (got.get("spec") or {}).get("activate", True) is False
+        if prestaged:   # staged ahead under the same name: the switch only activates it
+            set_activate(ctx, got, True)
+            prestaged = observe_delivery(got).staged
+            ctx.event("PrestagedRevisionUsed", f"BundleDelivery {name} staged {t.to[:19]} into {p.pod} "
+                                               f"on {p.node} ahead of the switch"
+                                               + ("" if prestaged else " (still staging)"))
+        else:
+            ctx.event("DeliveryCreated", f"BundleDelivery {name}: stage {t.to[:19]} "
+                                         f"into {p.pod} on {p.node} ({t.path})")
+        return p.model_copy(update={"delivery": name, "prestaged": prestaged})
     if action == Action.start_owner_transition:
         if view is None or not view.state == "ready":
             return p
@@ -125,17 +149,23 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
         ctx.follow_up.owner_waits.append(client.wait(tid))
         return p.model_copy(update={"owner_transition": tid})
     if action == Action.release_old_deliveries:
-        for name in release_deliveries(ctx, state, deliveries, p.slot, keep_revision=t.to):
+        staged = set(kept_revisions(spec, t.from_digest))
+        for name in release_deliveries(ctx, state, deliveries, p.slot, keep={t.to} | staged):
             ctx.event("OldRevisionReleased", f"deleted BundleDelivery {name} of {p.pod}: "
                                              "its revision is no longer used")
+        for name, bd in deliveries.items():   # the revision left stays staged for a rollback
+            labels = bd["metadata"].get("labels") or {}
+            if labels.get(naming.LABEL_SLOT) == str(p.slot) and ch.is_recorded(state.children, bd) \
+                    and bd["spec"]["bundle"]["digest"] in staged:
+                set_activate(ctx, bd, False)
         return p
     if action == Action.release_target_delivery:
-        release_deliveries(ctx, state, deliveries, p.slot, keep_revision=None, only_revision=t.to)
+        release_deliveries(ctx, state, deliveries, p.slot, only_revision=t.to)
         return p
     if action == Action.replace_owner:
         if view is not None and view.uid == p.pod_uid and not view.terminating:
             ctx.kube.delete(ctx.namespace, "Pod", view.pod, view.uid)
-        release_deliveries(ctx, state, deliveries, p.slot, keep_revision=None)
+        release_deliveries(ctx, state, deliveries, p.slot)
         pod = create_owner_pod(ctx, state, spec, p.slot, t.to, t.to_source, new_incarnation=True)
         meta = pod["metadata"]
         ctx.event("OwnerReplaced", f"replaced owner {p.pod} with {meta['name']} on {t.to[:19]}: "

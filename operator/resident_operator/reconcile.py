@@ -22,6 +22,7 @@ from .context import ModelContext
 from .model_state import ModelState, StatusStore
 from .observe import derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
+from .prestage import ensure_stages, stage_status
 from .rollout import step_transition
 from .cleanup import release_deliveries_of_gone_owners
 from .control_policy import ensure_control_policy
@@ -100,9 +101,29 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
                             transition=state.transition, last_transition=state.last_transition,
                             blocker=blocker, desired_digest=spec.bundle.digest)
     live = sum(1 for v in views if not v.terminating)
-    report(ctx, dict(derived, endpoint=endpoint or None, replicas=live,
-                     selector=naming.owner_selector(ctx.uid)))
+    derived = dict(derived, endpoint=endpoint or None, replicas=live, selector=naming.owner_selector(ctx.uid))
+    if state.transition is None:   # a transition owns the deliveries while it runs
+        derived = _with_stages(ctx, state, spec, views, derived)
+    report(ctx, derived)
     return OK, ""
+
+
+def _with_stages(ctx: ModelContext, state: ModelState, spec: Any, views: list[Any],
+                 derived: dict[str, Any]) -> dict[str, Any]:
+    """Keep the pre-staged revisions on every owner's node, and report ``status.stage``."""
+    status = ctx.body.get("status") or {}
+    if not (spec.stage or state.previous or status.get("stage")):
+        return derived
+    # the cache of deliveries is the API server's: no watch keeps their list (issue 27, point 1)
+    deliveries = ctx.kube.list(ctx.namespace, "BundleDelivery", ctx.selector)
+    ensure_stages(ctx, state, spec, views, deliveries)
+    if state.previous and not spec.transition.keep_previous:
+        state.forget_previous()   # its deliveries went just now
+    stage, cond = stage_status(ctx.name, spec, views, deliveries)
+    if cond is None and c.find(status.get("conditions"), c.STAGED):
+        cond = c.condition(c.STAGED, False, "NoStage", "spec.stage is not set")
+    conditions = derived["conditions"] + ([cond] if cond else [])
+    return dict(derived, stage=stage, conditions=conditions)
 
 
 def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
@@ -111,7 +132,7 @@ def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
         "observedGeneration": ctx.body["metadata"].get("generation"), "phase": derived["phase"],
         "ready": derived["ready"], "identity": derived["identity"] or None, "owners": derived["owners"],
     }
-    for key in ("endpoint", "replicas", "selector"):   # not known when the spec is invalid
+    for key in ("endpoint", "replicas", "selector", "stage"):   # not known when the spec is invalid
         if key in derived:
             patch[key] = derived[key]
     write_status(ctx, derived["conditions"], patch)
@@ -157,3 +178,6 @@ def _announce_changes(ctx: ModelContext, previous: list[dict[str, Any]],
             ctx.event("ModelReady", cond["message"])
         elif cond["type"] == c.READY and prior.get("status") == "True":
             ctx.event("ModelNotReady", cond["message"], warning=True)
+        elif cond["type"] == c.STAGED and cond["reason"] in ("Staged", "StageFailed"):
+            ctx.event("RevisionStaged" if cond["status"] == "True" else "StageFailed", cond["message"],
+                      warning=cond["status"] != "True")

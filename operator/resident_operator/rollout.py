@@ -112,7 +112,7 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         _step_owner(ctx, state, spec, t, i, by_slot.get(p.slot), deliveries)
     result = outcome(t)
     if result != "running":
-        _finish(ctx, state, t, result)
+        _finish(ctx, state, spec, t, result)
         ctx.follow_up.again = True   # a queued transition may start
         return None
     retrying = next((o for o in t.owners if o.step == Step.delivering and o.reason == "DeliveryFailed"),
@@ -173,7 +173,8 @@ def _announce(ctx: ModelContext, t: TransitionState, p: OwnerProgress) -> None:
         ctx.event(reason, text.format(pod=p.pod, to=t.to[:19]))
 
 
-def _finish(ctx: ModelContext, state: ModelState, t: TransitionState, result: str) -> None:
+def _finish(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState,
+            result: str) -> None:
     now = ctx.clock()
     t.result = result
     failed = next((o for o in t.owners if o.step == Step.failed), None)
@@ -190,7 +191,7 @@ def _finish(ctx: ModelContext, state: ModelState, t: TransitionState, result: st
     metrics.TRANSITIONS.labels(path=t.path, strategy=t.strategy, result=result).inc()
     with state.together():
         if result == "succeeded":
-            state.commit_bundle(t.to, t.to_source)
+            state.commit_bundle(t.to, t.to_source, keep_previous=spec.transition.keep_previous)
         state.finish_transition(summary)
     if result == "succeeded":
         ctx.event("TransitionSucceeded", f"all {len(t.owners)} owners are on {t.to[:19]} "

@@ -55,6 +55,12 @@ class BundleRef(_Camel):
     credentials_secret: str | None = Field(default=None, alias="credentialsSecret")
 
 
+class StageRef(_Camel):
+    """``spec.stage``: a revision to stage ahead on every owner's node (no switch)."""
+    source: str
+    digest: str
+
+
 class DeliverySpec(_Camel):
     mode: Literal["Auto", "GraphOnly", "WholeBundle"] = "Auto"
     rebase: Literal["Auto", "Never"] = "Auto"
@@ -80,6 +86,7 @@ class TransitionSpec(_Camel):
     strategy: Literal["Auto", "InPlace", "Reload"] = "Auto"
     max_unavailable: int = Field(default=1, ge=1, alias="maxUnavailable")
     timeout_seconds: int = Field(default=600, ge=1, le=86400, alias="timeoutSeconds")
+    keep_previous: bool = Field(default=True, alias="keepPrevious")
 
 
 class ServingSpec(_Camel):
@@ -108,6 +115,7 @@ class ModelSpec(_Camel):
         default=(), alias="topologySpreadConstraints")
     priority_class_name: str = Field(default="", alias="priorityClassName")
     bundle: BundleRef
+    stage: StageRef | None = None
     delivery: DeliverySpec = DeliverySpec()
     runtime: RuntimeSpec = RuntimeSpec()
     transition: TransitionSpec = TransitionSpec()
@@ -135,6 +143,8 @@ def spec_problems(spec: ModelSpec, settings: OperatorSettings) -> list[str]:
     """Every semantic problem of ``spec`` the CRD schema cannot catch, in plain words."""
     problems: list[str] = []
     problems += _bundle_problems(spec.bundle)
+    if spec.stage is not None:
+        problems += _source_problems("spec.stage", spec.stage.source, spec.stage.digest)
     problems += _runtime_problems(spec, settings)
     problems += _placement_problems(spec)
     return problems
@@ -150,28 +160,8 @@ def check_spec(raw: dict[str, Any] | None, settings: OperatorSettings) -> ModelS
 
 
 def _bundle_problems(bundle: BundleRef) -> list[str]:
-    out = []
-    if not DIGEST_RE.match(bundle.digest):
-        out.append(f"spec.bundle.digest {bundle.digest!r} is not sha256:<64 lowercase hex>")
+    out = _source_problems("spec.bundle", bundle.source, bundle.digest)
     parts = urlsplit(bundle.source)
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            out.append(f"spec.bundle.source {bundle.source!r}: a file:// source needs an absolute "
-                       "path and no host (file:///path)")
-    elif parts.scheme in ("http", "https"):
-        if not parts.hostname:
-            out.append(f"spec.bundle.source {bundle.source!r}: an http(s):// source needs a host")
-    elif parts.scheme == "oci":
-        if not parts.netloc or parts.path.strip("/") == "":
-            out.append(f"spec.bundle.source {bundle.source!r}: an oci:// source needs "
-                       "registry/repository (oci://host:port/repo)")
-    elif parts.scheme in ("s3", "hf"):
-        try:
-            (S3Location if parts.scheme == "s3" else HfLocation).parse(bundle.source)
-        except ManifestError as e:
-            out.append(f"spec.bundle.source {e}")
-    else:
-        out.append(f"spec.bundle.source {bundle.source!r}: scheme must be file, http, https, oci, s3 or hf")
     secret = bundle.credentials_secret
     if secret is not None:
         if not DNS_SUBDOMAIN_RE.match(secret) or len(secret) > 253:
@@ -273,4 +263,31 @@ def _placement_problems(spec: ModelSpec) -> list[str]:
                        "DoNotSchedule or ScheduleAnyway")
     if spec.priority_class_name and not DNS_SUBDOMAIN_RE.match(spec.priority_class_name):
         out.append(f"spec.priorityClassName {spec.priority_class_name!r} is not a valid name")
+    return out
+
+
+def _source_problems(field: str, source: str, digest: str) -> list[str]:
+    """What is wrong with a revision's digest and source (``field`` is spec.bundle or spec.stage)."""
+    out = []
+    if not DIGEST_RE.match(digest):
+        out.append(f"{field}.digest {digest!r} is not sha256:<64 lowercase hex>")
+    parts = urlsplit(source)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            out.append(f"{field}.source {source!r}: a file:// source needs an absolute "
+                       "path and no host (file:///path)")
+    elif parts.scheme in ("http", "https"):
+        if not parts.hostname:
+            out.append(f"{field}.source {source!r}: an http(s):// source needs a host")
+    elif parts.scheme == "oci":
+        if not parts.netloc or parts.path.strip("/") == "":
+            out.append(f"{field}.source {source!r}: an oci:// source needs "
+                       "registry/repository (oci://host:port/repo)")
+    elif parts.scheme in ("s3", "hf"):
+        try:
+            (S3Location if parts.scheme == "s3" else HfLocation).parse(source)
+        except ManifestError as e:
+            out.append(f"{field}.source {e}")
+    else:
+        out.append(f"{field}.source {source!r}: scheme must be file, http, https, oci, s3 or hf")
     return out

@@ -4,9 +4,11 @@ When ``spec.bundle`` names a new revision the operator plans once (which path, w
 method, how many bytes) and then walks every owner through these steps:
 
 ``Waiting`` -> ``Delivering`` (a BundleDelivery stages the revision into the owner's live
-volume) -> ``Applying`` (the owner's ``POST /v1/transitions``) -> ``Verifying`` (the owner's
+volume; a revision pre-staged there is already staged, and Applying follows at once) ->
+``Applying`` (the owner's ``POST /v1/transitions``) -> ``Verifying`` (the owner's
 ``/v1/identity`` names the target) -> ``Releasing`` (the old revision's BundleDelivery is
-deleted) -> ``Done``.
+deleted, or kept pre-staged for a rollback; the bridge has pointed the volume's ``current``
+at the target) -> ``Done``.
 
 An owner that is quarantined or unloaded, or whose Pod never started, goes to ``Replacing``:
 a new Pod is created on the target revision. Any other failure ends the owner in ``Failed``
@@ -83,6 +85,7 @@ class OwnerProgress(_Camel):
     delivery: str = ""
     owner_transition: str = Field(default="", alias="ownerTransition")
     replaced: bool = False
+    prestaged: bool = False   # the target was staged ahead (spec.stage, a kept revision)
     started_at: float | None = Field(default=None, alias="startedAt")
     delivered_at: float | None = Field(default=None, alias="deliveredAt")
     applied_at: float | None = Field(default=None, alias="appliedAt")
@@ -206,9 +209,9 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
         return (Decision(p.model_copy(update={"reason": "DeliveryFailed", "message": why}))
                 if d.retrying else _fail(p, now, "DeliveryFailed", why))
     if d.staged:
+        moved = Bytes() if p.prestaged else Bytes(fetched=d.fetched, reused=d.reused, written=d.written)
         p = _to(p, Step.applying, delivered_at=now, method=d.method, reason="", message="",
-                staging_seconds=d.duration_seconds or None,
-                bytes=Bytes(fetched=d.fetched, reused=d.reused, written=d.written))
+                staging_seconds=None if p.prestaged else d.duration_seconds or None, bytes=moved)
         return Decision(p, [Action.start_owner_transition])
     return Decision(p)
 
@@ -264,6 +267,8 @@ def _verifying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now:
 
 
 def _releasing(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    if obs.delivery is not None and not obs.delivery.settled and not obs.delivery.failed:
+        return Decision(p)   # an activated pre-staged revision: the bridge moves `current` first
     return Decision(_to(p, Step.done, finished_at=now))
 
 

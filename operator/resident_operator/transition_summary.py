@@ -63,6 +63,8 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
                       "overheadSeconds": round(max(0.0, total - staging - owner_work), 3),
                       "totalSeconds": total},
         "owners": len(owners),
+        # every owner's target was staged ahead (spec.stage, or the revision kept for a rollback)
+        "prestaged": bool(owners) and all(o.prestaged for o in owners),
         "replaced": sum(1 for o in owners if o.replaced),
         "result": t.result,
         "reason": t.reason,

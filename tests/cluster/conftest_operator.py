@@ -406,23 +406,23 @@ class PlayedNode:
             self.api.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, plural, name, {
                 "metadata": {"finalizers": finalizers + [LEASE_FINALIZER]}})
             return
-        st = bd.get("status") or {}
+        st, gen = bd.get("status") or {}, meta.get("generation")
         final = st.get("phase") == "Staged" or (st.get("phase") == "Failed" and not st.get("nextAttemptTime"))
-        if final or not self.stage_deliveries.is_set():  # a Failed one with a next attempt is retried
-            return
+        if (final and st.get("observedGeneration") in (None, gen)) or not self.stage_deliveries.is_set():
+            return   # answered for this generation; a Failed one with a next attempt is retried
         spec = bd["spec"]
         t0 = time.monotonic()
         try:
             source = dir_from_uri(spec["bundle"]["source"])
             verify_bundle_dir(source, spec["bundle"]["digest"])
-            digest = stage_revision(self.volume(spec["podUID"]), source, make_current=True,
-                                    hardlink=False)
-            status = {"phase": "Staged", "verified": True, "method": "reconstruct",
+            digest = stage_revision(self.volume(spec["podUID"]), source,
+                                    make_current=spec.get("activate", True), hardlink=False)
+            status = {"phase": "Staged", "verified": True, "method": "reconstruct", "observedGeneration": gen,
                       "durationSeconds": time.monotonic() - t0,
                       "revisionPath": "revisions/" + digest.replace(":", "-")}
             self.staged.append(name)
         except Exception as e:  # noqa: BLE001 - reported in status like the bridge would
-            status = {"phase": "Failed", "verified": False, "reason": "IntegrityMismatch",
+            status = {"phase": "Failed", "verified": False, "reason": "IntegrityMismatch", "observedGeneration": gen,
                       "message": f"{type(e).__name__}: {e}"[:500]}
         self.api.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.ns, plural, name,
                                                               {"status": status})

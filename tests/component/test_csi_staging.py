@@ -135,3 +135,34 @@ def test_kubelets_republish_while_a_delivery_stages_is_confirmed_not_aborted(env
             c.node.NodePublishVolume(other)
         assert e.value.code() == grpc.StatusCode.ABORTED
     assert mountinfo.mount_at(env.target).read_only
+
+
+def test_a_pre_staged_revision_leaves_current_alone_until_activated(env):
+    rev = lambda d: "revisions/" + d.replace(":", "-")
+    st = staging.stage(env.bridge, "uid-s", "team-a", "s", 1, spec(env, activate=False))
+    assert st["phase"] == "Staged" and st["verified"] and st["bytes"]["fetched"] > 0
+    assert "pre-staged" in st["message"]
+    assert os.readlink(env.target / "current") == rev(env.d1)          # the live revision serves on
+    assert (env.target / rev(env.d2) / "w.safetensors").read_bytes() == W2   # beside it, whole
+    assert {l.holder: l.digest for l in env.bridge.store.leases()}["delivery:uid-s"] == env.d2
+    # the switch: the same delivery, activated (a new generation), moves only `current`
+    again = staging.stage(env.bridge, "uid-s", "team-a", "s", 2, spec(env))
+    assert again["phase"] == "Staged" and again["bytes"]["fetched"] == 0
+    assert os.readlink(env.target / "current") == rev(env.d2)
+
+
+def test_releasing_a_pre_staged_revision_takes_it_out_of_the_volume(env):
+    rev = env.d2.replace(":", "-")
+    staging.stage(env.bridge, "uid-s", "team-a", "s", 1, spec(env, activate=False))
+    assert staging.release(env.bridge, "uid-s", {"activate": False}) is True
+    assert sorted(os.listdir(env.target / "revisions")) == [env.d1.replace(":", "-")]
+    assert not any(l.holder == "delivery:uid-s" for l in env.bridge.store.leases())
+    # a transition's revision (activated: `current` may point at it) stays in the volume
+    staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))
+    assert staging.release(env.bridge, "uid-d", {}) is True
+    assert rev in os.listdir(env.target / "revisions")
+    # and a pre-staged revision that became current is never taken out
+    staging.stage(env.bridge, "uid-t", "team-a", "t", 1, spec(env, activate=False))
+    assert staging.release(env.bridge, "uid-t", {"activate": False}) is True
+    assert os.readlink(env.target / "current") == "revisions/" + rev
+    assert (env.target / "current" / "w.safetensors").read_bytes() == W2

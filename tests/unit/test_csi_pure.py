@@ -91,6 +91,17 @@ def test_model_declares_spec_and_status_identity():
     assert not model_declares({"spec": {}}, BundleRef(digest=D1, source="s"))
 
 
+def test_model_declares_its_staged_and_previous_revisions_at_their_sources():
+    d3 = "sha256:" + "3" * 64
+    model = {"spec": {"bundle": {"digest": D1, "source": "oci://r/m:1"},
+                      "stage": {"digest": D2, "source": "oci://r/m:2"}},
+             "status": {"previousBundle": {"digest": d3, "source": "oci://r/m:0"}}}
+    assert model_declares(model, BundleRef(digest=D2, source="oci://r/m:2"))
+    assert model_declares(model, BundleRef(digest=d3, source="oci://r/m:0"))
+    assert not model_declares(model, BundleRef(digest=D2, source="oci://elsewhere/m:2"))
+    assert not model_declares(model, BundleRef(digest=d3, source="oci://r/m:1"))
+
+
 def test_error_mapping():
     assert from_bundle_error(SourceUnavailable("x"), "d").code == grpc.StatusCode.UNAVAILABLE
     assert from_bundle_error(StoreFull("x"), "d").code == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -255,3 +255,26 @@ def test_a_retrying_delivery_keeps_the_owner_delivering_and_says_why():
     late = step(t, d.progress, healthy(delivery=retrying), now=800.0, timeout=600)
     assert late.progress.step == Step.failed and late.progress.reason == "DeliveryFailed"
     assert "no space" in late.progress.message and "within 600s" in late.progress.message
+
+
+def test_a_prestaged_owner_applies_at_once_and_is_done_once_current_has_moved():
+    t = state()
+    p = step(t, t.owners[0], healthy()).progress.model_copy(update={"delivery": "bd", "prestaged": True})
+    staged_ahead = DeliveryObservation(phase="Staged", verified=True, fetched=10, reused=90,
+                                       written=10, method="rebase", duration_seconds=1.5)
+    d = step(t, p, healthy(delivery=staged_ahead))
+    assert d.progress.step == Step.applying and d.actions == [Action.start_owner_transition]
+    # the bytes and the seconds were the stage's, spent before this transition
+    assert d.progress.bytes == Bytes() and d.progress.staging_seconds is None
+    p = d.progress.model_copy(update={"step": Step.releasing})
+    restaging = DeliveryObservation(phase="Staging", current=True)   # the bridge moves `current`
+    assert step(t, p, healthy(identity_bundle=B, delivery=restaging)).progress.step == Step.releasing
+    answered_before = DeliveryObservation(phase="Staged", verified=True, current=False)
+    assert step(t, p, healthy(identity_bundle=B, delivery=answered_before)).progress.step == Step.releasing
+    settled = DeliveryObservation(phase="Staged", verified=True)
+    d = step(t, p, healthy(identity_bundle=B, delivery=settled))
+    assert d.progress.step == Step.done
+    t.owners[0] = d.progress
+    assert summarize(t, 103.0)["prestaged"] is True
+    t.owners[0] = d.progress.model_copy(update={"prestaged": False})
+    assert summarize(t, 103.0)["prestaged"] is False

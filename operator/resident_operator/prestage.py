@@ -1,0 +1,142 @@
+"""Pre-staged revisions: ``spec.stage``, and the revision kept for a rollback.
+
+Outside transitions each pass makes sure that the volume of every live owner holds these
+revisions beside the live one, each through a BundleDelivery with ``activate: false`` (the
+bridge stages it, leases it and leaves ``current`` alone). The delivery is named as the
+transition's delivery of the same owner and revision would be (``naming.delivery_name``),
+so a switch to the revision finds it by name: its create answers 409 with the staged
+delivery, which the transition activates and does not wait for (``owner_step.perform``).
+After a switch the revision the owners left stays staged when
+``spec.transition.keepPrevious`` is on (``status.previousBundle``), so a rollback is a
+pre-staged switch too; the next switch releases it.
+
+A delivery of a revision no longer wanted (``spec.stage`` removed or changed, the kept
+revision replaced) is deleted by UID, and the bridge takes the revision out of the volume.
+Owners added later (scale-up, a replaced owner: a new incarnation, so new names) get their
+own. ``status.stage`` and the ``Staged`` condition say how far ``spec.stage`` got on each
+owner's node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import children as ch
+from . import conditions as c
+from . import naming
+from .context import ModelContext
+from .delivery import build_bundle_delivery, observe_delivery
+from .model_state import ModelState
+from .observe import OwnerView
+from .owners import create_child
+from .spec import ModelSpec
+
+STAGED, STAGING, FAILED, LIVE = "Staged", "Staging", "Failed", "Live"
+
+
+def kept_revisions(spec: ModelSpec, previous: str | None) -> dict[str, str]:
+    """Digests (with their sources, when known) to keep staged beside the live revision:
+    ``spec.stage`` and, with keepPrevious, the revision the owners left at the last switch."""
+    out: dict[str, str] = {}
+    if spec.stage is not None:
+        out[spec.stage.digest] = spec.stage.source
+    if spec.transition.keep_previous and previous:
+        out.setdefault(previous, "")
+    return out
+
+
+def wanted_stages(spec: ModelSpec, committed: dict[str, str], previous: dict[str, str] | None
+                  ) -> dict[str, str]:
+    """digest -> source of the revisions every live owner's volume should hold staged now."""
+    prev = previous or {}
+    kept = kept_revisions(spec, prev.get("digest"))
+    if prev.get("digest") in kept:
+        kept[prev["digest"]] = kept[prev["digest"]] or prev.get("source", "")
+    kept.pop(committed.get("digest", ""), None)
+    return {d: s for d, s in kept.items() if s}
+
+
+def stage_owners(spec: ModelSpec, views: list[OwnerView]) -> list[OwnerView]:
+    """The owners whose volumes hold staged revisions: running, placed, in a wanted slot."""
+    return sorted((v for v in views if v.running and v.node and 0 <= v.slot < spec.replicas),
+                  key=lambda v: v.slot)
+
+
+def ensure_stages(ctx: ModelContext, state: ModelState, spec: ModelSpec, views: list[OwnerView],
+                  deliveries: list[dict[str, Any]]) -> None:
+    """Create the missing pre-staged deliveries and delete those no longer wanted."""
+    wanted = wanted_stages(spec, state.bundle, state.previous)
+    owners = stage_owners(spec, views)
+    by_name = {bd["metadata"]["name"]: bd for bd in deliveries}
+    for v in owners:
+        for digest, source in wanted.items():
+            if v.identity.get("bundle") == digest:
+                continue   # this owner runs it already (a partly failed transition)
+            name = naming.delivery_name(ctx.name, v.slot, v.incarnation, digest)
+            if name in by_name:
+                continue
+            bd = build_bundle_delivery(ctx.name, ctx.uid, spec, slot=v.slot, incarnation=v.incarnation,
+                                       pod_name=v.pod, pod_uid=v.uid, node_name=v.node,
+                                       target_digest=digest, target_source=source, path="WholeBundle",
+                                       donor_digest=state.bundle.get("digest", ""), activate=False)
+            got = create_child(ctx, state, bd)
+            if got is not None:
+                by_name[name] = got
+                ctx.event("StageRequested", f"BundleDelivery {name}: stage {digest[:19]} beside the "
+                                            f"live revision of {v.pod} on {v.node}")
+    live_uids = {v.uid for v in owners}
+    for bd in deliveries:
+        spec_ = bd.get("spec") or {}
+        if spec_.get("activate", True) is not False or bd["metadata"].get("deletionTimestamp"):
+            continue
+        if spec_.get("podUID") in live_uids and spec_["bundle"]["digest"] in wanted:
+            continue
+        if not ch.is_recorded(state.children, bd):
+            continue
+        name = bd["metadata"]["name"]
+        if ctx.kube.delete(ctx.namespace, "BundleDelivery", name, bd["metadata"]["uid"]) == "deleted":
+            ctx.event("StageReleased", f"deleted BundleDelivery {name}: revision "
+                                       f"{spec_['bundle']['digest'][:19]} is no longer kept staged")
+
+
+def stage_status(ctx_name: str, spec: ModelSpec, views: list[OwnerView],
+                 deliveries: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``status.stage`` and the ``Staged`` condition for ``spec.stage`` (None, None without one)."""
+    if spec.stage is None:
+        return None, None
+    digest = spec.stage.digest
+    by_name = {bd["metadata"]["name"]: bd for bd in deliveries}
+    nodes, owners = [], stage_owners(spec, views)
+    for v in owners:
+        row: dict[str, Any] = {"node": v.node, "pod": v.pod}
+        if v.identity.get("bundle") == digest:
+            row["state"] = LIVE
+        else:
+            d = observe_delivery(by_name.get(naming.delivery_name(ctx_name, v.slot, v.incarnation, digest)))
+            if d is not None and d.staged:
+                row.update(state=STAGED, seconds=round(d.duration_seconds, 3),
+                           bytes={"fetched": d.fetched, "reused": d.reused, "written": d.written})
+                if d.finished_at:
+                    row["finishedAt"] = d.finished_at
+            elif d is not None and d.phase == "Failed":
+                row.update(state=FAILED, reason=d.reason or "DeliveryFailed", message=d.message)
+            else:
+                row["state"] = STAGING
+                if d is not None and d.reason:
+                    row.update(reason=d.reason, message=d.message)
+        nodes.append(row)
+    held = sum(1 for n in nodes if n["state"] in (STAGED, LIVE))
+    status = {"digest": digest, "ready": f"{held}/{len(owners)}", "nodes": nodes}
+    failed = [n for n in nodes if n["state"] == FAILED]
+    if failed:
+        cond = c.condition(c.STAGED, False, "StageFailed", "; ".join(
+            f"node {n['node']} ({n['pod']}): {n['reason']}: {n['message']}" for n in failed))
+    elif owners and held == len(owners):
+        live = all(n["state"] == LIVE for n in nodes)
+        cond = c.condition(c.STAGED, True, "Live" if live else STAGED,
+                           f"{digest} is the live revision" if live else
+                           f"{digest} is staged on the nodes of all {len(owners)} owners")
+    else:
+        cond = c.condition(c.STAGED, False, STAGING, f"{digest} is staged on the nodes of "
+                                                     f"{held} of {len(owners)} owners")
+    return status, cond

@@ -1,0 +1,91 @@
+"""Pre-staged revisions without a cluster: what is kept staged, and what status.stage says."""
+
+from resident_operator import naming
+from resident_operator.model_state import ModelState, StatusStore
+from resident_operator.observe import OwnerView
+from resident_operator.prestage import kept_revisions, stage_status, wanted_stages
+from resident_operator.spec import parse_spec
+
+A, B, C = ("sha256:" + x * 64 for x in "abc")
+
+
+def spec(**over):
+    raw = {"bundle": {"source": "file:///b/a", "digest": A}, "replicas": 2, **over}
+    return parse_spec(raw)
+
+
+def owner(slot, node, identity=A, **kw):
+    return OwnerView(slot=slot, incarnation=0, pod=f"m-owner-{slot}", uid=f"u{slot}", node=node,
+                     pod_phase="Running", identity={"bundle": identity}, **kw)
+
+
+def delivery(slot, digest, status=None, generation=1):
+    return {"metadata": {"name": naming.delivery_name("m", slot, 0, digest), "generation": generation},
+            "spec": {"activate": False, "bundle": {"digest": digest}}, "status": status or {}}
+
+
+def test_kept_and_wanted_revisions():
+    committed = {"digest": A, "source": "file:///b/a"}
+    previous = {"digest": C, "source": "file:///b/c"}
+    staged = spec(stage={"source": "file:///b/b", "digest": B})
+    assert wanted_stages(staged, committed, previous) == {B: "file:///b/b", C: "file:///b/c"}
+    assert kept_revisions(staged, C) == {B: "file:///b/b", C: ""}
+    off = spec(stage={"source": "file:///b/b", "digest": B}, transition={"keepPrevious": False})
+    assert wanted_stages(off, committed, previous) == {B: "file:///b/b"}
+    # a stage of the live revision asks for nothing; nor does a model without either
+    assert wanted_stages(spec(stage={"source": "file:///b/a", "digest": A}), committed, None) == {}
+    assert wanted_stages(spec(), committed, None) == {}
+
+
+def test_stage_status_per_node_and_the_staged_condition():
+    s = spec(stage={"source": "file:///b/b", "digest": B})
+    owners = [owner(0, "n1"), owner(1, "n2")]
+    staging = [delivery(0, B, {"phase": "Staged", "verified": True, "durationSeconds": 1.25,
+                               "bytes": {"fetched": 7, "reused": 3, "written": 7},
+                               "finishedAt": "2026-12-03T01:00:00Z"}),
+               delivery(1, B, {"phase": "Staging"})]
+    status, cond = stage_status("m", s, owners, staging)
+    assert status["digest"] == B and status["ready"] == "1/2"
+    assert status["nodes"][0] == {"node": "n1", "pod": "m-owner-0", "state": "Staged", "seconds": 1.25,
+                                  "bytes": {"fetched": 7, "reused": 3, "written": 7},
+                                  "finishedAt": "2026-12-03T01:00:00Z"}
+    assert status["nodes"][1]["state"] == "Staging"
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Staged", "False", "Staging")
+    failing = staging[:1] + [delivery(1, B, {"phase": "Failed", "reason": "IntegrityMismatch",
+                                             "message": "chunk 3 of w.safetensors"})]
+    status, cond = stage_status("m", s, owners, failing)
+    assert status["nodes"][1]["state"] == "Failed"
+    assert cond["status"] == "False" and cond["reason"] == "StageFailed"
+    assert "n2" in cond["message"] and "IntegrityMismatch" in cond["message"]
+    done = staging[:1] + [delivery(1, B, {"phase": "Staged", "verified": True})]
+    status, cond = stage_status("m", s, owners, done)
+    assert status["ready"] == "2/2" and (cond["status"], cond["reason"]) == ("True", "Staged")
+    # switched to it: the owners run it, and the condition says so
+    status, cond = stage_status("m", s, [owner(0, "n1", B), owner(1, "n2", B)], [])
+    assert status["ready"] == "2/2" and cond["reason"] == "Live"
+    # an owner not yet placed does not count; one beyond spec.replicas neither
+    status, _ = stage_status("m", s, owners + [owner(2, "n3"), OwnerView(slot=1, incarnation=1,
+                                                                           pod="p", uid="x")], done)
+    assert status["ready"] == "2/2"
+    assert stage_status("m", spec(), owners, done) == (None, None)
+
+
+def test_a_switch_remembers_the_revision_left_only_when_kept():
+    writes, stored = [], {"bundle": {"digest": A, "source": "file:///b/a"}}
+
+    def write(patch, rv):   # a merge patch, as the API server applies it
+        writes.append(patch)
+        stored.update({k: v for k, v in patch.items() if v is not None})
+        for k in [k for k, v in patch.items() if v is None]:
+            stored.pop(k, None)
+        return {"metadata": {"resourceVersion": str(len(writes) + 1)}, "status": dict(stored)}
+
+    store = StatusStore(write=write, read=lambda: None, gave_up=lambda m: None)
+    state = ModelState(dict(stored), "1", store)
+    state.commit_bundle(B, "file:///b/b", keep_previous=True)
+    assert state.previous == {"digest": A, "source": "file:///b/a"}
+    assert writes[-1]["previousBundle"] == {"digest": A, "source": "file:///b/a"}
+    state.commit_bundle(B, "file:///moved/b")   # the same revision at a new source: kept as is
+    assert state.previous == {"digest": A, "source": "file:///b/a"} and "previousBundle" not in writes[-1]
+    state.commit_bundle(C, "file:///b/c", keep_previous=False)
+    assert state.previous is None and writes[-1]["previousBundle"] is None
