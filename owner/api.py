@@ -11,7 +11,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 State = Literal["loading", "ready", "transitioning", "quarantined", "unloaded"]
-Result = Literal["running", "succeeded", "failed", "needs-reload"]
+# "prepared": a two-step transition (commit Deferred) staged everything it can and waits for
+# its commit, the live revision serving; "aborted": it was told not to commit (nothing changed)
+Result = Literal["running", "prepared", "succeeded", "failed", "needs-reload", "aborted"]
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 MAX_TOKENS = 1024  # the most tokens one request may ask for (both ports)
 
@@ -53,6 +55,10 @@ class TransitionRequest(Wire):
     # false keeps a reloading owner ready (in its Service's endpoints): the only replica, whose
     # clients then get 503 with Retry-After from it, not a connection refused by the Service
     leave_endpoints: bool = Field(default=True, alias="leaveEndpoints")
+    # Deferred: prepare (stage, verify, compute what to write), then wait for
+    # POST /v1/transitions/{id}/commit (or /abort); after holdSeconds without either, abort
+    commit: Literal["Immediate", "Deferred"] = "Immediate"
+    hold_seconds: float = Field(default=600.0, gt=0, le=86400, alias="holdSeconds")
 
 
 class Timings(Wire):
@@ -79,6 +85,11 @@ class TransitionStatus(Wire):
     weights_reused: bool | None = Field(default=None, alias="weightsReused")
     rows_changed: int | None = Field(default=None, alias="rowsChanged")
     bytes_read: int | None = Field(default=None, alias="bytesRead")
+    commit: Literal["Immediate", "Deferred"] = "Immediate"
+    # wall clock (seconds since the epoch) when a Deferred transition was prepared, and when
+    # the transition began to change the live revision (its commit; one-step ones too)
+    prepared_at: float | None = Field(default=None, alias="preparedAt")
+    committed_at: float | None = Field(default=None, alias="committedAt")
     timings: Timings = Field(default_factory=Timings)
 
 

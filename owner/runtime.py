@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -53,6 +54,14 @@ class Refused(Exception):
         self.status, self.retry_after = status, retry_after
 
 
+@dataclass
+class PendingCommit:
+    """A Deferred transition's decision: ("commit" | "abort", why), once one was made."""
+    hold_seconds: float
+    decision: tuple[str, str] | None = None
+    decided: threading.Event = field(default_factory=threading.Event)
+
+
 class Owner:
     def __init__(self, bundle_dir: Path | str, backend: Backend, warmup: bool = False,
                  metrics: OwnerMetrics | None = None, apply_wait_seconds: float = 30.0):
@@ -68,6 +77,7 @@ class Owner:
         self.transition_guard = threading.Lock()
         self.finished = threading.Condition()   # notified when a transition's result is set
         self.transitions: dict[str, api.TransitionStatus] = {}
+        self.commits: dict[str, PendingCommit] = {}   # Deferred transitions' commit decisions
         self.threads: list[threading.Thread] = []
         self._state = "loading"
         self.reason = ""
@@ -184,6 +194,8 @@ class Owner:
             self.transition_guard.release()
             raise
         self._remember(status)
+        if req.commit == "Deferred":
+            self.commits[status.id] = PendingCommit(req.hold_seconds)
         thread = threading.Thread(target=run_transition, args=(self, status, target, req.drain_seconds,
                                                                req.leave_endpoints),
                                   name=f"transition-{status.id}", daemon=True)
@@ -202,6 +214,50 @@ class Owner:
         if req.path == "GraphOnly" and cur and cur.manifest.weights_digest != target.manifest.weights_digest:
             raise Refused(400, "path GraphOnly, but the target's weights differ from the live ones")
         return target
+
+    def await_commit(self, status: api.TransitionStatus) -> bool:
+        """Between a transition's prepare and its apply: True at once for a one-step
+        transition; a Deferred one is published ``prepared`` and waits for its commit
+        (True, result ``running`` again) or abort, hold expiry or shutdown (False)."""
+        pending = self.commits.get(status.id)
+        if pending is None:
+            status.committed_at = time.time()
+            return True
+        status.prepared_at = time.time()
+        self.finish(status, "prepared")
+        pending.decided.wait(pending.hold_seconds)
+        with self.finished:   # decided under the same lock as commit() and abort() check
+            decision = pending.decision or ("abort", f"no commit within {pending.hold_seconds:g}s "
+                                                     "of the prepare")
+            pending.decision = decision
+            if decision[0] == "commit":
+                status.committed_at = time.time()
+                status.result = "running"
+                return True
+            status.reason = f"aborted: {decision[1]}; nothing changed, {status.from_} serves"
+            return False
+
+    def commit(self, tid: str) -> api.TransitionStatus:
+        return self._decide(tid, "commit", "")
+
+    def abort(self, tid: str, why: str = "the operator aborted it") -> api.TransitionStatus:
+        return self._decide(tid, "abort", why)
+
+    def _decide(self, tid: str, decision: str, why: str) -> api.TransitionStatus:
+        with self.finished:
+            status, pending = self.transitions.get(tid), self.commits.get(tid)
+            if status is None:
+                raise Refused(404, f"no transition {tid}")
+            if pending is not None and pending.decision and pending.decision[0] == decision:
+                return status.model_copy(deep=True)   # said before: the same answer again
+            if pending is None or status.result != "prepared" or pending.decision:
+                raise Refused(409, f"transition {tid} is {status.result}, not prepared: "
+                                   f"it cannot be told to {decision}")
+            pending.decision = (decision, why)
+            pending.decided.set()
+            if decision == "commit":
+                status.result = "running"
+            return status.model_copy(deep=True)
 
     def finish(self, status: api.TransitionStatus, result: str) -> None:
         """Publish a transition's result (its last field) and wake every waiter."""
@@ -236,6 +292,11 @@ class Owner:
 
     def close(self) -> None:
         self.closing.set()
+        with self.finished:
+            for pending in self.commits.values():   # a prepared transition does not hold us up
+                if pending.decision is None:
+                    pending.decision = ("abort", "the owner is stopping")
+                    pending.decided.set()
         self.wait_idle()
         with self.revision_lock.exclusive(closed=True):
             self.backend.close()

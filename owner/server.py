@@ -22,6 +22,7 @@ from .httpbase import OwnerHandler, OwnerServer, Route, bind
 from .runtime import Owner, Refused
 
 TRANSITION_PATH = re.compile(r"^/v1/transitions/([0-9a-f]{1,64})$")
+DECISION_PATH = re.compile(r"^/v1/transitions/([0-9a-f]{1,64})/(commit|abort)$")
 MAX_WAIT_SECONDS = 60.0
 
 
@@ -70,6 +71,9 @@ class ControlHandler(OwnerHandler):
         match = TRANSITION_PATH.match(path)
         if match and self.command == "GET":
             return lambda: self._get_transition(match.group(1))
+        decision = DECISION_PATH.match(path)
+        if decision and self.command == "POST":
+            return lambda: self._decide(decision.group(1), decision.group(2))
         return None
 
     # -- routes ------------------------------------------------------------------
@@ -107,6 +111,12 @@ class ControlHandler(OwnerHandler):
         if self._authorized():
             status = self.owner.submit(self._body(api.TransitionRequest))
             self._send(202, api.dump(status))
+
+    def _decide(self, tid: str, decision: str) -> None:
+        """Commit or abort a prepared (Deferred) transition; 409 unless it is prepared."""
+        if self._authorized():
+            status = self.owner.commit(tid) if decision == "commit" else self.owner.abort(tid)
+            self._send(200, api.dump(status))
 
     def _generate(self) -> None:
         if self._authorized():

@@ -27,6 +27,14 @@ With ``leaveEndpoints: false`` (the operator sends it for a model's only replica
 stays ready throughout: there is no other endpoint to drain to, and a client of the
 Service gets the owner's 503 with Retry-After rather than a refused connection.
 
+Two steps (``commit: Deferred``, for a lockstep switch of several owners): the transition
+prepares as far as it can without touching the live revision (in place: admission and the
+staged rows; reload: the pre-check of every target file), publishes result ``prepared``
+and waits for ``commit`` (it then goes on, result ``running`` again) or ``abort`` (result
+``aborted``, nothing changed). Without either within ``holdSeconds`` it aborts itself. A
+reload prepares only its pre-check: no backend here loads a second revision beside the
+live one. The owner stays ready while prepared.
+
 Phases and their timings: ``stage`` (admission and reading/hash-checking changed chunks,
 or the reload pre-check), ``apply`` (journal + write, or close + load), ``verify``
 (read-back, or identity check of the loaded revision), ``warmup`` (only for a reload that
@@ -56,7 +64,8 @@ log = logging.getLogger("resident.owner")
 def new_status(owner: "Owner", req: api.TransitionRequest, target: Revision) -> api.TransitionStatus:
     cur = owner.current()
     return api.TransitionStatus(id=uuid.uuid4().hex[:12], **{"from": cur.digest if cur else None},
-                                to=target.digest, requested=req.strategy, path=req.path)
+                                to=target.digest, requested=req.strategy, path=req.path,
+                                commit=req.commit)
 
 
 def _precheck(target: Revision) -> None:
@@ -88,6 +97,8 @@ def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api
     update = owner.backend.stage_in_place(target)
     t.stage_seconds = time.perf_counter() - t0
     st.strategy, st.bytes_read, st.rows_changed = "InPlace", update.bytes_read, update.rows_changed
+    if not owner.await_commit(st):
+        return "ready", "aborted"
     with owner.revision_lock.exclusive():
         try:
             report = owner.backend.apply_in_place(update)
@@ -131,6 +142,8 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
     t0 = time.perf_counter()
     _precheck(target)
     t.stage_seconds = time.perf_counter() - t0
+    if not owner.await_commit(st):
+        return "ready", "aborted"
     owner.reloading = leave_endpoints  # /readyz 503 from here until the new revision answered
     if drain_seconds:
         log.info("draining before reload", extra={"transition": st.id, "seconds": drain_seconds})
@@ -215,4 +228,5 @@ def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision,
                                                "strategy": st.strategy, "reason": st.reason,
                                                "timings": t.model_dump(by_alias=True)})
         owner.transition_guard.release()
+        owner.commits.pop(st.id, None)
         owner.finish(st, result)

@@ -338,11 +338,16 @@ class OwnerClient:
         return self.calls.call(self.request("GET", "/v1/identity"))[1]
 
     def start_transition(self, target: str, path: str, strategy: str,
-                         drain_seconds: float = 0.0, leave_endpoints: bool = True) -> dict[str, Any]:
+                         drain_seconds: float = 0.0, leave_endpoints: bool = True,
+                         hold_seconds: float | None = None) -> dict[str, Any]:
         """Start a transition. A reload first keeps serving, not ready, for ``drain_seconds``
         so that the owner leaves its Service's Endpoints before the old revision closes;
-        with ``leave_endpoints`` false it stays in them (a model's only replica)."""
+        with ``leave_endpoints`` false it stays in them (a model's only replica). With
+        ``hold_seconds`` it only prepares (commit Deferred) and waits that long for its
+        commit or abort (a lockstep switch)."""
         body: dict[str, Any] = {"target": target, "path": path, "strategy": strategy}
+        if hold_seconds is not None:
+            body.update(commit="Deferred", holdSeconds=round(hold_seconds, 3))
         if drain_seconds > 0:   # owners before drains existed accept the request without it
             body["drainSeconds"] = drain_seconds
         if not leave_endpoints:

@@ -47,7 +47,7 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
                    state=view.state, identity_bundle=view.identity.get("bundle"))
     if p.step in (Step.delivering, Step.releasing) and p.delivery:
         obs["delivery"] = observe_delivery(deliveries.get(p.delivery))
-    if p.step == Step.applying and p.owner_transition and exists:
+    if p.step in (Step.preparing, Step.applying) and p.owner_transition and exists:
         client = owner_client(ctx, spec, view)
         try:
             obs["owner_transition"] = client.transition(p.owner_transition)
@@ -62,6 +62,26 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
     if exists and (p.step == Step.verifying or finished):
         obs.update(_owner_now(ctx, spec, view))   # not as seen at the start of the pass
     return OwnerObservation(**obs)
+
+
+def decide(ctx: ModelContext, spec: ModelSpec, owners: list[tuple[OwnerView, str]], decision: str
+           ) -> list[bool]:
+    """Tell prepared owners' transitions to ``commit`` or ``abort``, all at once (the lockstep
+    barrier: one wait for every answer). True per owner that took it or had taken it before
+    (409: it is past ``prepared``, e.g. a commit sent again after a restart)."""
+    clients = [owner_client(ctx, spec, view) for view, _ in owners]
+    if not clients:
+        return []
+    answers = clients[0].calls.call_many([c.request("POST", f"/v1/transitions/{tid}/{decision}", {},
+                                                    allow=(409,)) for c, (_, tid) in zip(clients, owners)])
+    done = []
+    for (view, tid), answer in zip(owners, answers):
+        if isinstance(answer, OwnerUnreachable):
+            log.warning("owner did not take the decision", extra={
+                "model": f"{ctx.namespace}/{ctx.name}", "owner": view.pod, "decision": decision,
+                "error": str(answer)})
+        done.append(not isinstance(answer, OwnerUnreachable))
+    return done
 
 
 def drain_seconds(spec: ModelSpec, settings: OperatorSettings) -> float:
@@ -141,13 +161,24 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
         if view is None or not view.state == "ready":
             return p
         client = owner_client(ctx, spec, view)
-        answer = client.start_transition(t.to, t.path, spec.transition.strategy,
-                                         drain_seconds(spec, ctx.settings), leave_endpoints=spec.replicas > 1)
+        if t.commit == "Lockstep":   # every owner switches at once: no drain, none leaves the Service
+            hold = max(1.0, (p.started_at or ctx.clock()) + spec.transition.timeout_seconds - ctx.clock()) + 60
+            answer = client.start_transition(t.to, t.path, spec.transition.strategy, 0.0,
+                                             leave_endpoints=False, hold_seconds=hold)
+        else:
+            answer = client.start_transition(t.to, t.path, spec.transition.strategy,
+                                             drain_seconds(spec, ctx.settings), leave_endpoints=spec.replicas > 1)
         tid = str(answer.get("id") or "")
-        ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {tid} to "
-                                            f"{t.to[:19]} ({spec.transition.strategy})")
+        ctx.event("OwnerTransitionStarted", f"owner {p.pod}: transition {tid} to {t.to[:19]} "
+                                            f"({spec.transition.strategy}"
+                                            + (", prepare only: lockstep)" if t.commit == "Lockstep" else ")"))
         ctx.follow_up.owner_waits.append(client.wait(tid))
         return p.model_copy(update={"owner_transition": tid})
+    if action in (Action.commit_owner_transition, Action.abort_owner_transition):
+        if view is not None and p.owner_transition:
+            decide(ctx, spec, [(view, p.owner_transition)],
+                   "commit" if action == Action.commit_owner_transition else "abort")
+        return p
     if action == Action.release_old_deliveries:
         staged = set(kept_revisions(spec, t.from_digest))
         for name in release_deliveries(ctx, state, deliveries, p.slot, keep={t.to} | staged):

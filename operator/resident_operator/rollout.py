@@ -21,12 +21,12 @@ from . import metrics
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import Blocker, OwnerView
-from .owner_step import observe_owner, perform
+from .owner_step import decide, observe_owner, perform
 from .planning import InPlaceImpossible, plan_transition
 from .source_check import SOURCE_REASONS, SourceProblem, read_manifest, retry_later
 from .spec import ModelSpec
-from .transition import (OwnerProgress, Step, TransitionState, advance,
-                         outcome, owners_to_start)
+from .transition import (BEFORE_COMMIT, OwnerProgress, Step, TransitionState, abort, advance,
+                         at_barrier, first_failure, must_abort, outcome, owners_to_start)
 from .transition_summary import summarize
 
 
@@ -58,17 +58,20 @@ def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         to=to.digest, toSource=to.source, strategy=plan.strategy, path=plan.path,
         method=plan.method, predicted=plan.predicted,
         generation=int(ctx.body["metadata"].get("generation") or 0), startedAt=ctx.clock(),
-        awaitEndpoints=spec.replicas > 1,
+        awaitEndpoints=spec.replicas > 1, commit=spec.transition.commit,
         owners=[OwnerProgress(slot=v.slot, pod=v.pod, podUID=v.uid, node=v.node) for v in live])
     with state.together():
         state.set_pending(None)
         state.save_transition()
     ctx.event("TransitionPlanned", f"transition {frm['digest'][:19]} -> {to.digest[:19]}: "
-                                   f"{plan.describe()}; {len(live)} owners")
+                                   f"{plan.describe()}; {len(live)} owners"
+                                   + ("; lockstep: all prepare, then all commit" if spec.transition.commit == "Lockstep" else ""))
     return None
 
 
 STEP_EVENTS = {Step.applying: ("DeliveryStaged", "staged {to} into {pod}"),
+               Step.preparing: ("DeliveryStaged", "staged {to} into {pod}"),
+               Step.prepared: ("OwnerPrepared", "owner {pod} prepared {to} and waits for the lockstep commit"),
                Step.verifying: ("OwnerTransitionApplied", "owner {pod} applied {to}"),
                Step.releasing: ("IdentityVerified", "owner {pod} reports identity {to}"),
                Step.done: ("OwnerTransitionDone", "owner {pod} is on {to}")}
@@ -110,6 +113,10 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         if p.step == Step.waiting and p.slot not in startable:
             continue
         _step_owner(ctx, state, spec, t, i, by_slot.get(p.slot), deliveries)
+    if must_abort(t):
+        _abort_all(ctx, state, spec, t, by_slot, deliveries)
+    elif at_barrier(t):
+        _commit_all(ctx, state, spec, t, by_slot)
     result = outcome(t)
     if result != "running":
         _finish(ctx, state, spec, t, result)
@@ -154,6 +161,42 @@ def _step_owner(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transi
     _schedule_recheck(ctx, spec, p, ctx.clock())
 
 
+def _abort_all(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState,
+               by_slot: dict[int, OwnerView], deliveries: dict[str, dict[str, Any]]) -> None:
+    """Lockstep, an owner failed before the barrier: no other owner commits. Prepared owners
+    are told to abort (their live revision never changed) and the target's deliveries go."""
+    failed = first_failure(t)
+    why = f"owner {failed.pod} failed before the lockstep commit: {failed.reason}: {failed.message}"
+    now = ctx.clock()
+    with state.together():
+        for i, p in enumerate(list(t.owners)):
+            if p.step not in BEFORE_COMMIT:
+                continue
+            decision = abort(p, now, why)
+            new = decision.progress
+            for action in decision.actions:
+                new = perform(ctx, state, spec, t, new, action, by_slot.get(p.slot), deliveries)
+            t.owners[i] = new
+        state.save_transition()
+    ctx.event("LockstepAborted", f"no owner switches to {t.to[:19]}: {why}", warning=True)
+
+
+def _commit_all(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: TransitionState,
+                by_slot: dict[int, OwnerView]) -> None:
+    """Lockstep: every owner is prepared. The barrier is recorded first (a restarted operator
+    then commits, never aborts), then every owner is told to commit at once."""
+    t.committed = True
+    state.save_transition()
+    prepared = [(i, p) for i, p in enumerate(t.owners) if p.step == Step.prepared]
+    owners = [(by_slot[p.slot], p.owner_transition) for _, p in prepared if p.slot in by_slot]
+    decide(ctx, spec, owners, "commit")
+    for i, p in prepared:   # each then applies; one whose commit got lost is sent it again
+        t.owners[i] = p.model_copy(update={"step": Step.applying})
+    state.save_transition()
+    ctx.event("LockstepCommitted", f"all {len(prepared)} owners prepared {t.to[:19]}; committed at once")
+    ctx.follow_up.again = True
+
+
 def _schedule_recheck(ctx: ModelContext, spec: ModelSpec, p: OwnerProgress, now: float) -> None:
     """The times this owner's step must be looked at again even if no event arrives: its
     timeout, and short retries for waits that no watch or owner answer reports."""
@@ -177,7 +220,7 @@ def _finish(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
             result: str) -> None:
     now = ctx.clock()
     t.result = result
-    failed = next((o for o in t.owners if o.step == Step.failed), None)
+    failed = first_failure(t)
     if failed is not None:
         t.reason, t.message = failed.reason, failed.message
     summary = summarize(t, now)

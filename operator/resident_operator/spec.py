@@ -85,6 +85,7 @@ class RuntimeSpec(_Camel):
 class TransitionSpec(_Camel):
     strategy: Literal["Auto", "InPlace", "Reload"] = "Auto"
     max_unavailable: int = Field(default=1, ge=1, alias="maxUnavailable")
+    commit: Literal["Rolling", "Lockstep"] = "Rolling"
     timeout_seconds: int = Field(default=600, ge=1, le=86400, alias="timeoutSeconds")
     keep_previous: bool = Field(default=True, alias="keepPrevious")
 

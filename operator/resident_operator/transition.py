@@ -10,6 +10,13 @@ volume; a revision pre-staged there is already staged, and Applying follows at o
 deleted, or kept pre-staged for a rollback; the bridge has pointed the volume's ``current``
 at the target) -> ``Done``.
 
+With ``commit: Lockstep`` every owner starts at once and stops before it changes anything:
+``Delivering`` -> ``Preparing`` (the owner's transition is posted with ``commit: Deferred``:
+it stages and verifies what it will apply and answers ``prepared``) -> ``Prepared``. When
+every owner is Prepared the executor commits them all at once (the barrier) and each goes
+on to ``Applying``. Until then any failure (an owner that cannot prepare, a delivery that
+fails, an owner lost or not running, the timeout) aborts every owner: none commits.
+
 An owner that is quarantined or unloaded, or whose Pod never started, goes to ``Replacing``:
 a new Pod is created on the target revision. Any other failure ends the owner in ``Failed``
 with a reason; the owner keeps (or the owner rolls back to) its old identity and no further
@@ -37,6 +44,8 @@ BROKEN_STATES = ("quarantined", "unloaded")
 class Step(str, Enum):
     waiting = "Waiting"
     delivering = "Delivering"
+    preparing = "Preparing"     # Lockstep: the owner prepares (commit Deferred)
+    prepared = "Prepared"       # Lockstep: waiting at the barrier
     applying = "Applying"
     verifying = "Verifying"
     releasing = "Releasing"
@@ -45,12 +54,16 @@ class Step(str, Enum):
     failed = "Failed"
 
 
-ACTIVE_STEPS = (Step.delivering, Step.applying, Step.verifying, Step.releasing, Step.replacing)
+ACTIVE_STEPS = (Step.delivering, Step.preparing, Step.prepared, Step.applying, Step.verifying,
+                Step.releasing, Step.replacing)
+BEFORE_COMMIT = (Step.waiting, Step.delivering, Step.preparing, Step.prepared)
 
 
 class Action(str, Enum):
     create_delivery = "CreateDelivery"
     start_owner_transition = "StartOwnerTransition"
+    commit_owner_transition = "CommitOwnerTransition"
+    abort_owner_transition = "AbortOwnerTransition"
     release_old_deliveries = "ReleaseOldDeliveries"
     release_target_delivery = "ReleaseTargetDelivery"
     replace_owner = "ReplaceOwner"
@@ -94,6 +107,7 @@ class OwnerProgress(_Camel):
     strategy: str = ""
     bytes: Bytes = Bytes()
     first_token_seconds: float | None = Field(default=None, alias="firstTokenSeconds")
+    committed_at: float | None = Field(default=None, alias="committedAt")   # the owner's wall clock
     staging_seconds: float | None = Field(default=None, alias="stagingSeconds")  # the bridge's own
     owner_seconds: float | None = Field(default=None, alias="ownerSeconds")      # the owner's own
     reason: str = ""
@@ -117,6 +131,8 @@ class TransitionState(_Camel):
     # With other replicas serving, an owner counts as unavailable (maxUnavailable) until
     # kubelet has it Ready again, i.e. back in the Service's Endpoints.
     await_endpoints: bool = Field(default=False, alias="awaitEndpoints")
+    commit: str = "Rolling"      # spec.transition.commit when planned
+    committed: bool = False      # Lockstep: the barrier was passed (saved before any commit is sent)
     owners: list[OwnerProgress] = Field(default_factory=list)
     result: str = "running"
     reason: str = ""
@@ -161,9 +177,18 @@ class Decision:
 
 
 def _fail(p: OwnerProgress, now: float, reason: str, message: str) -> Decision:
+    held = p.step in (Step.preparing, Step.prepared) and p.owner_transition   # prepared: let it go
     p = p.model_copy(update={"step": Step.failed, "reason": reason, "message": message,
                              "finished_at": now})
-    return Decision(p, [Action.release_target_delivery])
+    return Decision(p, ([Action.abort_owner_transition] if held else []) + [Action.release_target_delivery])
+
+
+def abort(p: OwnerProgress, now: float, why: str) -> Decision:
+    """Lockstep: another owner failed before the barrier, so this one does not commit."""
+    return _fail(p, now, ABORTED, f"owner {p.pod} did not commit: {why}")
+
+
+ABORTED = "Aborted"
 
 
 def _to(p: OwnerProgress, step: Step, **update: Any) -> OwnerProgress:
@@ -179,6 +204,10 @@ def advance(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, *, now:
         retried = p.step == Step.delivering and p.reason == "DeliveryFailed"  # the bridge kept failing
         return _fail(p, now, p.reason if retried else "Timeout", f"owner {p.pod} did not finish step "
                      f"{p.step.value} within {timeout_seconds:.0f}s" + (f": {p.message}" if retried else ""))
+    if t.commit == "Lockstep" and not t.committed and p.step in BEFORE_COMMIT and (
+            not obs.pod_exists or obs.broken or (p.step != Step.waiting and not obs.running)):
+        return _fail(p, now, "OwnerLost", f"owner {p.pod} is {obs.state or 'not running'} before the "
+                     "lockstep commit; no owner commits")   # a replacement would switch alone
     if p.step in (Step.delivering, Step.applying, Step.verifying) and not obs.pod_exists:
         return Decision(_to(p, Step.replacing, reason="OwnerReplaced",
                             message=f"owner Pod {p.pod} disappeared during {p.step.value}"),
@@ -191,6 +220,9 @@ def _waiting(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: f
     p = p.model_copy(update={"started_at": now})
     if obs.identity_bundle == t.to and obs.state == "ready":
         return Decision(_to(p, Step.done, finished_at=now, reason="AlreadyOnTarget"))
+    if t.commit == "Lockstep" and (not obs.pod_exists or obs.broken or not obs.running or not obs.node):
+        return _fail(p, now, "OwnerNotReady", f"owner {p.pod} is not running and ready, so it cannot "
+                     "prepare; a lockstep switch needs every owner; no owner commits")
     if not obs.pod_exists or obs.broken or not obs.running or not obs.node:
         why = ("quarantined" if obs.state == "quarantined" else "unloaded" if obs.broken
                else "not running")
@@ -210,9 +242,34 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
                 if d.retrying else _fail(p, now, "DeliveryFailed", why))
     if d.staged:
         moved = Bytes() if p.prestaged else Bytes(fetched=d.fetched, reused=d.reused, written=d.written)
-        p = _to(p, Step.applying, delivered_at=now, method=d.method, reason="", message="",
+        p = _to(p, Step.preparing if t.commit == "Lockstep" else Step.applying, delivered_at=now,
+                method=d.method, reason="", message="",
                 staging_seconds=None if p.prestaged else d.duration_seconds or None, bytes=moved)
         return Decision(p, [Action.start_owner_transition])
+    return Decision(p)
+
+
+def _preparing(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    ot = obs.owner_transition
+    if not p.owner_transition:
+        return Decision(p, [Action.start_owner_transition] if obs.state == "ready" else [])
+    if ot is None:
+        if obs.state is None:
+            return Decision(p)  # unreachable: retry until the timeout
+        return _fail(p, now, "OwnerTransitionLost",
+                     f"owner {p.pod} no longer knows transition {p.owner_transition}")
+    result = ot.get("result")
+    if result == "running":
+        return Decision(p)
+    if result == "prepared":
+        return Decision(_to(p, Step.prepared, applied_at=None))
+    return _fail(p, now, "PrepareFailed", f"owner {p.pod} could not prepare {t.to}: "
+                                          f"{ot.get('reason') or result}")
+
+
+def _prepared(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    if t.committed:   # past the barrier: the owner applies (a commit it missed is sent again there)
+        return Decision(_to(p, Step.applying))
     return Decision(p)
 
 
@@ -238,10 +295,12 @@ def _applying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: 
     result = ot.get("result")
     if result == "running":
         return Decision(p)
+    if result == "prepared":   # Lockstep past the barrier: its commit was lost (a restart): again
+        return Decision(p, [Action.commit_owner_transition])
     timings = ot.get("timings") or {}
     update = {"applied_at": now, "strategy": ot.get("strategy") or p.strategy,
               "first_token_seconds": timings.get("firstTokenSeconds"),
-              "owner_seconds": timings.get("totalSeconds")}
+              "owner_seconds": timings.get("totalSeconds"), "committed_at": ot.get("committedAt")}
     if result == "succeeded":
         return Decision(_to(p, Step.verifying, **update))
     if result == "needs-reload":
@@ -280,14 +339,18 @@ def _replacing(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now:
     return Decision(p)
 
 
-_STEPS = {Step.waiting: _waiting, Step.delivering: _delivering, Step.applying: _applying,
+_STEPS = {Step.waiting: _waiting, Step.delivering: _delivering, Step.preparing: _preparing,
+          Step.prepared: _prepared, Step.applying: _applying,
           Step.verifying: _verifying, Step.releasing: _releasing, Step.replacing: _replacing}
 
 
 def owners_to_start(t: TransitionState, max_unavailable: int) -> list[int]:
-    """Slots of waiting owners that may start now; none once any owner has failed."""
+    """Slots of waiting owners that may start now; none once any owner has failed. Lockstep
+    starts them all: preparing takes no owner out of service."""
     if any(o.step == Step.failed for o in t.owners):
         return []
+    if t.commit == "Lockstep":
+        return [o.slot for o in t.owners if o.step == Step.waiting]
     active = sum(1 for o in t.owners if o.step in ACTIVE_STEPS)
     room = max(0, max_unavailable - active)
     return [o.slot for o in t.owners if o.step == Step.waiting][:room]
@@ -317,3 +380,21 @@ def step_deadline(t: TransitionState | None, timeout_seconds: float) -> float | 
     running = [p.started_at + timeout_seconds for p in t.owners
                if p.started_at is not None and p.step in ACTIVE_STEPS]
     return min(running, default=None)
+
+
+def at_barrier(t: TransitionState) -> bool:
+    """Lockstep: every owner is prepared (or already on the target) and none has committed."""
+    return (t.commit == "Lockstep" and not t.committed and any(o.step == Step.prepared for o in t.owners)
+            and all(o.step in (Step.prepared, Step.done) for o in t.owners))
+
+
+def must_abort(t: TransitionState) -> bool:
+    """Lockstep: an owner failed before the barrier; the others must not commit."""
+    return (t.commit == "Lockstep" and not t.committed and any(o.step == Step.failed for o in t.owners)
+            and any(o.step in BEFORE_COMMIT for o in t.owners))
+
+
+def first_failure(t: TransitionState) -> OwnerProgress | None:
+    """The owner whose failure ended the transition (not one aborted because of it)."""
+    failed = [o for o in t.owners if o.step == Step.failed]
+    return next((o for o in failed if o.reason != ABORTED), failed[0] if failed else None)

@@ -44,8 +44,13 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
     owner_work = _max([o.owner_seconds for o in owners])
     total = round(max(0.0, now - t.started_at), 3)
     strategies = sorted({o.strategy for o in owners if o.strategy})
+    commits = sorted(o.committed_at for o in owners if o.committed_at)
     out = {
         "id": t.id,
+        "commit": t.commit,
+        # first to last owner's commit by the owners' clocks: how long two revisions answered
+        # side by side (owners one after another under Rolling, one barrier under Lockstep)
+        "skewSeconds": round(commits[-1] - commits[0], 6) if len(commits) > 1 else 0.0,
         "from": t.from_digest,
         "to": t.to,
         "generation": t.generation,

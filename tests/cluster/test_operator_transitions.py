@@ -57,9 +57,11 @@ def transition_samples(strategy, path, phase="total"):
 
 
 def spec_for(bundles, name, port, **over):
+    """A spec on revision ``name``; the revision left at a switch is not kept staged (the
+    first test and test_operator_stage.py keep it, the default)."""
     root, d = bundles
     spec = {"bundle": {"source": f"file://{root / name}", "digest": d[name]},
-            "runtime": {"port": port}, "transition": {"timeoutSeconds": 60}}
+            "runtime": {"port": port}, "transition": {"timeoutSeconds": 60, "keepPrevious": False}}
     spec.update(over)
     return spec
 
@@ -93,7 +95,7 @@ def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, nod
     api, port = Api(cluster, namespace), free_port()
     caplog.set_level(logging.DEBUG)
     with running_operator(namespace, "--verbose"):   # DEBUG: the most the operator ever logs
-        api.create_model("lm", spec_for(bundles, "base", port))
+        api.create_model("lm", spec_for(bundles, "base", port, transition={"timeoutSeconds": 60}))
         s = wait_for(lambda: ready_on(api, d["base"]), what="Ready on base")
         assert s["ready"] == "1/1"
         owner, = s["owners"]
@@ -114,18 +116,26 @@ def test_in_place_then_graph_only_transition_and_cleanup(cluster, namespace, nod
         assert s["owners"][0]["uid"] == pod_uid            # same Pod, model updated in place
         assert condition({"status": s}, "Transitioning")["reason"] == "TransitionSucceeded"
         assert len(node.owner_of(pod_uid).transitions) == 1
-        bd, = deliveries(api)
-        assert bd["spec"]["podUID"] == pod_uid and bd["spec"]["bundle"]["digest"] == d["rows"]
+        # the rows delivery is live; base, the revision left, stays staged beside it (keepPrevious)
+        live = lambda: {bd["spec"]["bundle"]["digest"]: bd for bd in deliveries(api)
+                        if (bd.get("status") or {}).get("phase") == "Staged"}
+        by_digest = wait_for(lambda: len(live()) == 2 and live(), what="the revision left staged")
+        bd, kept = by_digest[d["rows"]], by_digest[d["base"]]
+        assert bd["spec"]["podUID"] == pod_uid and bd["spec"]["activate"] is True
         assert bd["status"]["phase"] == "Staged" and bd["spec"]["donor"] == d["base"]
+        assert kept["spec"]["podUID"] == pod_uid and kept["spec"]["activate"] is False
+        assert api.model("lm")["status"]["previousBundle"]["digest"] == d["base"]
 
         api.patch_spec("lm", {"bundle": spec_for(bundles, "graph", port)["bundle"]})
         s = wait_for(lambda: ready_on(api, d["graph"]), what="Ready on graph")
         lt = s["lastTransition"]
         assert (lt["path"], lt["method"], lt["strategy"], lt["result"]) == ("GraphOnly", "reconstruct", "Reload", "succeeded") \
             or (lt["path"], lt["strategy"]) == ("GraphOnly", "Reload")
-        # the rows revision's delivery was released once the owner verified the graph revision
-        bd, = wait_for(lambda: len(api.deliveries()) == 1 and api.deliveries(), what="old delivery released")
-        assert bd["spec"]["bundle"]["digest"] == d["graph"]
+        # base was released once the owner verified the graph revision, and rows is kept now
+        by_digest = wait_for(lambda: set(live()) == {d["graph"], d["rows"]} and len(api.deliveries()) == 2
+                             and live(), what="base released, rows kept")
+        assert by_digest[d["graph"]]["spec"]["activate"] is True
+        assert by_digest[d["rows"]]["spec"]["activate"] is False   # the live delivery, turned pre-staged
         reasons = api.reasons("lm")
         for r in ("OwnerPodCreated", "ModelReady", "TransitionPlanned", "DeliveryCreated", "DeliveryStaged",
                   "OwnerTransitionStarted", "OwnerTransitionApplied", "IdentityVerified",

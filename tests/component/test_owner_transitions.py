@@ -579,3 +579,64 @@ def test_same_weights_under_a_config_of_other_tensor_shapes_is_refused_and_the_o
         assert (ident["state"], ident["identity"]) == ("ready", identity_of(vol, d["base"]))
         assert c.owner.backend.weights["lm_head.weight"] is arena
         assert c.generate().json()["tokens"] == reference[d["base"]]
+
+def wait_result(c, tid, not_=("running",)):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = c.get(f"/v1/transitions/{tid}?waitSeconds=5").json()
+        if st["result"] not in not_:
+            return st
+    raise AssertionError(f"transition {tid} stayed {not_}")
+
+
+@pytest.mark.parametrize("strategy", ["InPlace", "Reload"])
+def test_a_deferred_transition_prepares_serves_the_old_revision_then_commits(volume, reference, strategy):
+    vol, d = volume
+    with serving(vol) as c:
+        r = c.post("/v1/transitions", {"target": d["rows"], "path": "WholeBundle", "strategy": strategy,
+                                       "commit": "Deferred"})
+        assert r.status_code == 202 and r.json()["commit"] == "Deferred", r.text
+        tid = r.json()["id"]
+        st = wait_result(c, tid)
+        assert st["result"] == "prepared" and st["preparedAt"] and st["committedAt"] is None
+        assert st["timings"]["stageSeconds"] is not None and st["timings"]["applySeconds"] is None
+        # prepared: the live revision answers, the owner stays in its Service
+        assert c.generate().json()["tokens"] == reference[d["base"]]
+        assert c.get("/readyz", auth=False).status_code == 200
+        assert c.get("/v1/identity").json()["identity"] == identity_of(vol, d["base"])
+        assert c.post(f"/v1/transitions/{tid}/commit", {}, headers={}).status_code == 401
+        committed = c.post(f"/v1/transitions/{tid}/commit", {})
+        assert committed.status_code == 200 and committed.json()["result"] in ("running", "succeeded")
+        st = wait_result(c, tid)
+        assert st["result"] == "succeeded" and st["strategy"] == strategy
+        assert st["committedAt"] >= st["preparedAt"] and st["identity"] == identity_of(vol, d["rows"])
+        assert c.generate().json()["tokens"] == reference[d["rows"]]
+        again = c.post(f"/v1/transitions/{tid}/commit", {})
+        assert again.status_code == 409 and "succeeded, not prepared" in again.json()["error"]
+
+
+def test_an_aborted_or_expired_prepare_changes_nothing_and_frees_the_owner(volume, reference):
+    vol, d = volume
+    with serving(vol) as c:
+        tid = c.post("/v1/transitions", {"target": d["rows"], "path": "WholeBundle", "strategy": "InPlace",
+                                         "commit": "Deferred"}).json()["id"]
+        assert wait_result(c, tid)["result"] == "prepared"
+        busy = c.post("/v1/transitions", {"target": d["graph"], "path": "WholeBundle"})
+        assert busy.status_code == 409                        # one transition at a time, prepared too
+        assert c.post(f"/v1/transitions/{tid}/abort", {}).status_code == 200
+        st = wait_result(c, tid, ("running", "prepared"))
+        assert st["result"] == "aborted" and "nothing changed" in st["reason"]
+        assert st["identity"] == identity_of(vol, d["base"])
+        assert c.post(f"/v1/transitions/{tid}/commit", {}).status_code == 409   # aborted for good
+        assert c.get("/v1/identity").json()["state"] == "ready"
+        assert c.generate().json()["tokens"] == reference[d["base"]]
+        # no commit within holdSeconds: it aborts itself
+        tid = c.post("/v1/transitions", {"target": d["rows"], "path": "WholeBundle", "commit": "Deferred",
+                                         "holdSeconds": 0.3}).json()["id"]
+        st = wait_result(c, tid, ("running", "prepared"))
+        assert st["result"] == "aborted" and "no commit within 0.3s" in st["reason"]
+        assert c.post("/v1/transitions/0123abcd/commit", {}).status_code == 404
+        # a one-step transition is not prepared: it cannot be committed or aborted
+        tid = c.post("/v1/transitions", {"target": d["rows"], "path": "WholeBundle"}).json()["id"]
+        assert wait_result(c, tid)["result"] == "succeeded"
+        assert c.post(f"/v1/transitions/{tid}/abort", {}).status_code == 409

@@ -278,3 +278,64 @@ def test_a_prestaged_owner_applies_at_once_and_is_done_once_current_has_moved():
     assert summarize(t, 103.0)["prestaged"] is True
     t.owners[0] = d.progress.model_copy(update={"prestaged": False})
     assert summarize(t, 103.0)["prestaged"] is False
+
+
+def lockstep(n=3):
+    t = state(n)
+    t.commit = "Lockstep"
+    return t
+
+
+def test_lockstep_starts_everyone_prepares_then_passes_the_barrier_together():
+    from resident_operator.transition import at_barrier, must_abort
+    t = lockstep()
+    assert owners_to_start(t, max_unavailable=1) == [0, 1, 2]   # preparing takes nobody out
+    staged = DeliveryObservation(phase="Staged", verified=True)
+    for i, p in enumerate(t.owners):
+        p = step(t, p, healthy()).progress.model_copy(update={"delivery": f"bd{i}"})
+        d = step(t, p, healthy(delivery=staged))
+        assert d.progress.step == Step.preparing and d.actions == [Action.start_owner_transition]
+        p = d.progress.model_copy(update={"owner_transition": f"ot{i}"})
+        assert step(t, p, healthy(owner_transition={"result": "running"})).progress.step == Step.preparing
+        t.owners[i] = step(t, p, healthy(owner_transition={"result": "prepared"})).progress
+        assert t.owners[i].step == Step.prepared
+        assert step(t, t.owners[i], healthy()).progress.step == Step.prepared   # waits at the barrier
+        assert at_barrier(t) == (i == 2)
+    assert not must_abort(t) and outcome(t) == "running"
+    t.committed = True
+    p = step(t, t.owners[0], healthy()).progress
+    assert p.step == Step.applying
+    # a commit that got lost (the operator restarted at the barrier) is sent again
+    assert step(t, p, healthy(owner_transition={"result": "prepared"})).actions == [Action.commit_owner_transition]
+    d = step(t, p, healthy(owner_transition={"result": "succeeded", "committedAt": 1000.25}))
+    assert d.progress.step == Step.verifying and d.progress.committed_at == 1000.25
+
+
+def test_lockstep_one_owner_that_cannot_prepare_aborts_them_all():
+    from resident_operator.transition import ABORTED, abort, first_failure, must_abort
+    t = lockstep(2)
+    t.owners[0] = t.owners[0].model_copy(update={"step": Step.prepared, "owner_transition": "ot0",
+                                                 "started_at": 100.0})
+    p = t.owners[1].model_copy(update={"step": Step.preparing, "owner_transition": "ot1", "started_at": 100.0})
+    d = step(t, p, healthy(owner_transition={"result": "failed", "reason": "target revision rejected"}))
+    assert d.progress.step == Step.failed and d.progress.reason == "PrepareFailed"
+    assert d.actions == [Action.abort_owner_transition, Action.release_target_delivery]
+    t.owners[1] = d.progress
+    assert must_abort(t)
+    a = abort(t.owners[0], 102.0, "owner m-owner-1 failed")
+    assert a.progress.reason == ABORTED and Action.abort_owner_transition in a.actions
+    t.owners[0] = a.progress
+    assert first_failure(t).pod == "m-owner-1" and outcome(t) == "failed" and not must_abort(t)
+    # an owner lost before the commit fails the switch rather than being replaced on the target
+    t2 = lockstep(1)
+    p = t2.owners[0].model_copy(update={"step": Step.delivering, "delivery": "bd", "started_at": 100.0})
+    assert step(t2, p, healthy(pod_exists=False)).progress.reason == "OwnerLost"
+    assert step(t2, t2.owners[0], healthy(running=False)).progress.reason == "OwnerNotReady"
+
+
+def test_skew_is_first_to_last_commit_by_the_owners_clocks():
+    t = lockstep(3)
+    t.owners = [o.model_copy(update={"step": Step.done, "committed_at": 1000.0 + x})
+                for o, x in zip(t.owners, (0.01, 0.0, 0.03))]
+    s = summarize(t, 103.0)
+    assert s["commit"] == "Lockstep" and s["skewSeconds"] == pytest.approx(0.03)

@@ -1,0 +1,43 @@
+"""Pre-staged revisions on a real node (issue 26): kubelet, the bridge DaemonSet and the
+operator of the chart. The next revision is staged beside the live one while the owner
+serves the live one; the switch to it moves no byte, and so does the rollback to the
+revision kept staged after it (``spec.transition.keepPrevious``, the default)."""
+
+from __future__ import annotations
+
+from localcluster.scenario import GROUP, VERSION, condition, model_body
+
+NAMESPACE = "e2e-stage"
+
+
+def test_a_staged_revision_switches_and_rolls_back_without_delivery(world):
+    url, a = world.server.url, world.revs.a
+    b = world.fresh_revision("a", "rows", seed=91)   # new to the node
+    story = world.story(NAMESPACE, "staged")
+    body = model_body(story.name, url, a)
+    body["spec"]["stage"] = {"source": url, "digest": b}
+    story.apply(body)
+    rm = story.wait("Ready on A with B staged", lambda rm: (
+        (rm.get("status") or {}).get("phase") == "Ready"
+        and (rm["status"].get("identity") or {}).get("bundle") == a
+        and condition(rm, "Staged").get("reason") == "Staged"))
+    row, = rm["status"]["stage"]["nodes"]
+    assert row["state"] == "Staged" and row["bytes"]["fetched"] > 0, row
+    assert story.generate("hello")["identity"]["bundle"] == a   # B waits beside A
+
+    last = story.transition({"bundle": {"source": url, "digest": b}})
+    assert last["result"] == "succeeded" and last["prestaged"] is True, last
+    assert last["bytes"]["fetched"] == 0 and last["durations"]["stagingSeconds"] == 0, last
+    assert story.generate("hello")["identity"]["bundle"] == b
+
+    def a_kept_staged(rm):
+        deliveries = story.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "bundledeliveries")
+        return (rm.get("status") or {}).get("previousBundle", {}).get("digest") == a and any(
+            bd["spec"]["bundle"]["digest"] == a and bd["spec"].get("activate") is False
+            and (bd.get("status") or {}).get("phase") == "Staged" for bd in deliveries["items"])
+    story.wait("A kept staged", a_kept_staged)
+    back = story.transition({"bundle": {"source": url, "digest": a}})
+    assert back["result"] == "succeeded" and back["prestaged"] is True, back
+    assert back["bytes"]["fetched"] == 0, back
+    assert story.generate("hello")["identity"]["bundle"] == a
+    story.delete_and_wait_gone()
