@@ -90,6 +90,7 @@ class TransitionStatus(Wire):
     # the transition began to change the live revision (its commit; one-step ones too)
     prepared_at: float | None = Field(default=None, alias="preparedAt")
     committed_at: float | None = Field(default=None, alias="committedAt")
+    first_token_at: float | None = Field(default=None, alias="firstTokenAt")   # the new revision answered
     timings: Timings = Field(default_factory=Timings)
 
 

@@ -108,6 +108,7 @@ def _in_place(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api
         t.apply_seconds, t.verify_seconds = report.apply_seconds, report.verify_seconds
         try:
             t.first_token_seconds = owner.probe()
+            st.first_token_at = time.time()
         except Exception as e:  # noqa: BLE001 - whatever the model raised, it did not answer
             return _roll_back(owner, st, previous, f"{type(e).__name__}: {e}")
     return "ready", "succeeded"
@@ -173,6 +174,7 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
                 owner.warm_up()  # a newly compiled graph is a new engine: warm it as at start
                 t.warmup_seconds = time.perf_counter() - t3
             t.first_token_seconds = owner.probe()
+            st.first_token_at = time.time()
         except Exception as e:  # noqa: BLE001 - the old runtime is gone; say what serves
             st.reason = (f"warm-up or the first-token check failed after the reload "
                          f"({type(e).__name__}: {e}); it is loaded: {target.digest} serves")

@@ -108,6 +108,7 @@ class OwnerProgress(_Camel):
     bytes: Bytes = Bytes()
     first_token_seconds: float | None = Field(default=None, alias="firstTokenSeconds")
     committed_at: float | None = Field(default=None, alias="committedAt")   # the owner's wall clock
+    first_token_at: float | None = Field(default=None, alias="firstTokenAt")   # the same clock
     staging_seconds: float | None = Field(default=None, alias="stagingSeconds")  # the bridge's own
     owner_seconds: float | None = Field(default=None, alias="ownerSeconds")      # the owner's own
     reason: str = ""
@@ -200,7 +201,9 @@ def advance(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, *, now:
     """The next step of one owner, given what was just observed about it."""
     if p.step in (Step.done, Step.failed):
         return Decision(p)
-    if p.step != Step.waiting and p.started_at is not None and now - p.started_at > timeout_seconds:
+    # an owner prepared at the barrier waits for the others: their timeouts end the switch
+    if p.step not in (Step.waiting, Step.prepared) and p.started_at is not None \
+            and now - p.started_at > timeout_seconds:
         retried = p.step == Step.delivering and p.reason == "DeliveryFailed"  # the bridge kept failing
         return _fail(p, now, p.reason if retried else "Timeout", f"owner {p.pod} did not finish step "
                      f"{p.step.value} within {timeout_seconds:.0f}s" + (f": {p.message}" if retried else ""))
@@ -300,7 +303,8 @@ def _applying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: 
     timings = ot.get("timings") or {}
     update = {"applied_at": now, "strategy": ot.get("strategy") or p.strategy,
               "first_token_seconds": timings.get("firstTokenSeconds"),
-              "owner_seconds": timings.get("totalSeconds"), "committed_at": ot.get("committedAt")}
+              "owner_seconds": timings.get("totalSeconds"), "committed_at": ot.get("committedAt"),
+              "first_token_at": ot.get("firstTokenAt")}
     if result == "succeeded":
         return Decision(_to(p, Step.verifying, **update))
     if result == "needs-reload":

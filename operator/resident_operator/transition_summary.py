@@ -14,9 +14,14 @@ stays behind.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
-from .transition import Step, TransitionState
+from .transition import OwnerProgress, TransitionState, first_failure
+
+
+def _rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _max(values: list[float | None]) -> float:
@@ -68,12 +73,17 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
                       "overheadSeconds": round(max(0.0, total - staging - owner_work), 3),
                       "totalSeconds": total},
         "owners": len(owners),
+        # when each owner began to change its live revision and when the new one answered
+        # its first token, by the owner's clock
+        "commits": [{"pod": o.pod, "node": o.node, "committedAt": _rfc3339(o.committed_at),
+                     "firstTokenAt": _rfc3339(o.first_token_at) if o.first_token_at else None}
+                    for o in owners if o.committed_at] or None,
         # every owner's target was staged ahead (spec.stage, or the revision kept for a rollback)
         "prestaged": bool(owners) and all(o.prestaged for o in owners),
         "replaced": sum(1 for o in owners if o.replaced),
         "result": t.result,
         "reason": t.reason,
         "message": t.message,
-        "failedOwner": next((o.pod for o in owners if o.step == Step.failed), ""),
+        "failedOwner": (first_failure(t) or OwnerProgress(slot=-1, pod="", podUID="")).pod,
     }
     return {k: (None if v == "" else v) for k, v in out.items()}

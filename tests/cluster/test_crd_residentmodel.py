@@ -36,7 +36,8 @@ def test_valid_model_is_accepted_with_defaults(cluster, namespace):
     assert spec["accelerator"] == "cpu"
     assert spec["replicas"] == 1
     assert spec["delivery"] == {"mode": "Auto", "rebase": "Auto", "minReuse": 0.5}
-    assert spec["transition"] == {"strategy": "Auto", "maxUnavailable": 1, "timeoutSeconds": 600}
+    assert spec["transition"] == {"strategy": "Auto", "maxUnavailable": 1, "timeoutSeconds": 600,
+                                  "commit": "Rolling", "keepPrevious": True}
     assert spec["runtime"]["backend"] == "cpu" and spec["runtime"]["port"] == 8080
 
 
@@ -56,6 +57,8 @@ def _mutated(path: list[str], value):
     (["spec", "delivery", "mode"], "Torrent", 'spec.delivery.mode: Unsupported value: \\"Torrent\\": supported values: \\"Auto\\", \\"GraphOnly\\", \\"WholeBundle\\"'),
     (["spec", "delivery", "minReuse"], 1.5, "spec.delivery.minReuse in body should be less than or equal to 1"),
     (["spec", "transition", "strategy"], "Sometimes", 'spec.transition.strategy: Unsupported value: \\"Sometimes\\"'),
+    (["spec", "transition", "commit"], "AllAtOnce", 'spec.transition.commit: Unsupported value: \\"AllAtOnce\\"'),
+    (["spec", "stage", "digest"], "sha256:XYZ", 'spec.stage.digest in body should match'),
     (["spec", "bundle", "source"], "ftp://x/y", 'spec.bundle.source in body should match'),
     (["spec", "accelerator"], "not a resource", "spec.accelerator in body should match"),
     (["spec", "bundle", "credentialsSecret"], "S3_Creds", "spec.bundle.credentialsSecret in body should match"),

@@ -610,6 +610,7 @@ def test_a_deferred_transition_prepares_serves_the_old_revision_then_commits(vol
         st = wait_result(c, tid)
         assert st["result"] == "succeeded" and st["strategy"] == strategy
         assert st["committedAt"] >= st["preparedAt"] and st["identity"] == identity_of(vol, d["rows"])
+        assert st["firstTokenAt"] >= st["committedAt"]
         assert c.generate().json()["tokens"] == reference[d["rows"]]
         again = c.post(f"/v1/transitions/{tid}/commit", {})
         assert again.status_code == 409 and "succeeded, not prepared" in again.json()["error"]

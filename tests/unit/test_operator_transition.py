@@ -339,3 +339,6 @@ def test_skew_is_first_to_last_commit_by_the_owners_clocks():
                 for o, x in zip(t.owners, (0.01, 0.0, 0.03))]
     s = summarize(t, 103.0)
     assert s["commit"] == "Lockstep" and s["skewSeconds"] == pytest.approx(0.03)
+    assert [c["committedAt"] for c in s["commits"]] == ["1970-01-01T00:16:40.010000Z",
+                                                        "1970-01-01T00:16:40.000000Z",
+                                                        "1970-01-01T00:16:40.030000Z"]
