@@ -139,7 +139,8 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
                                    pod_name=p.pod, pod_uid=p.pod_uid, node_name=p.node,
                                    target_digest=t.to, target_source=t.to_source, path=t.path,
                                    donor_digest=donor)
-        got = create_child(ctx, state, bd)
+        known = deliveries.get(bd["metadata"]["name"])   # listed this pass: a pre-staged one, mostly
+        got = known if known is not None and ch.is_recorded(state.children, known) else create_child(ctx, state, bd)
         if got is None:
             raise RuntimeError(f"BundleDelivery {bd['metadata']['name']} is taken by another object")
         if got["metadata"].get("deletionTimestamp"):
