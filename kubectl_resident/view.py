@@ -111,6 +111,14 @@ def render_model(model: dict[str, Any], now: float) -> list[str]:
              + (f"  identity bundle {short(identity.get('bundle'))}, graph {short(identity.get('graph'))},"
                 f" weights {short(identity.get('weights'))}" if identity else "  (owners disagree or none ready)"),
              f"Endpoint:    {status.get('endpoint') or '-'}"]
+    stage, previous = status.get("stage") or {}, status.get("previousBundle") or {}
+    if (spec.get("stage") or {}).get("digest"):
+        lines.append(f"Staged:      {short(spec['stage']['digest'])}  on {stage.get('ready') or '0/?'} owners' nodes"
+                     + "".join(f"; {n.get('node')}: {n.get('state')}" + (f" ({n['reason']})" if n.get("reason") else "")
+                               for n in stage.get("nodes") or [] if n.get("state") != "Staged"))
+    if previous.get("digest"):
+        lines.append(f"Kept:        {short(previous['digest'])}  (the revision left at the last switch, "
+                     "staged for a rollback)")
     t = status.get("transition")
     if t:
         lines += ["", f"Transition:  {short(t.get('from'))} -> {short(t.get('to'))}  "
@@ -171,6 +179,11 @@ def render_history(model: dict[str, Any], events: list[dict[str, Any]], now: flo
                               [["actual", size(b.get("fetched")), size(b.get("reused")), size(b.get("written"))]]
                               + ([["predicted", size(p.get("fetched")), size(p.get("reused")),
                                    size(p.get("written"))]] if p else []))
+        skew = float(last.get("skewSeconds") or 0.0)
+        lines += ["", f"  commit {last.get('commit') or 'Rolling'}, skew "
+                      f"{f'{skew * 1000:.0f} ms' if skew < 1 else seconds(skew)}"
+                      f" (first to last owner's commit)"
+                      + (", pre-staged: no delivery in the switch" if last.get("prestaged") else "")]
         lines += [""] + table(["DELIVER", "APPLY", "FIRST TOKEN", "STAGING", "OWNER", "OVERHEAD", "TOTAL"],
                               [[seconds(d.get(k)) for k in ("deliverSeconds", "applySeconds", "firstTokenSeconds",
                                                             "stagingSeconds", "ownerSeconds", "overheadSeconds",

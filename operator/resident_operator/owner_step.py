@@ -64,24 +64,20 @@ def observe_owner(ctx: ModelContext, spec: ModelSpec, t: TransitionState, p: Own
     return OwnerObservation(**obs)
 
 
-def decide(ctx: ModelContext, spec: ModelSpec, owners: list[tuple[OwnerView, str]], decision: str
-           ) -> list[bool]:
+def decide(ctx: ModelContext, spec: ModelSpec, owners: list[tuple[OwnerView, str]], decision: str) -> None:
     """Tell prepared owners' transitions to ``commit`` or ``abort``, all at once (the lockstep
-    barrier: one wait for every answer). True per owner that took it or had taken it before
-    (409: it is past ``prepared``, e.g. a commit sent again after a restart)."""
+    barrier: one wait for every answer). A 409 is an owner past ``prepared`` (a commit sent
+    again after a restart); one that does not answer is logged, and its step sees to it."""
     clients = [owner_client(ctx, spec, view) for view, _ in owners]
     if not clients:
-        return []
+        return
     answers = clients[0].calls.call_many([c.request("POST", f"/v1/transitions/{tid}/{decision}", {},
                                                     allow=(409,)) for c, (_, tid) in zip(clients, owners)])
-    done = []
-    for (view, tid), answer in zip(owners, answers):
+    for (view, _), answer in zip(owners, answers):
         if isinstance(answer, OwnerUnreachable):
             log.warning("owner did not take the decision", extra={
                 "model": f"{ctx.namespace}/{ctx.name}", "owner": view.pod, "decision": decision,
                 "error": str(answer)})
-        done.append(not isinstance(answer, OwnerUnreachable))
-    return done
 
 
 def drain_seconds(spec: ModelSpec, settings: OperatorSettings) -> float:
@@ -181,7 +177,7 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
                    "commit" if action == Action.commit_owner_transition else "abort")
         return p
     if action == Action.release_old_deliveries:
-        staged = set(kept_revisions(spec, t.from_digest))
+        staged = set(kept_revisions(spec, {"digest": t.from_digest, "source": t.from_source}))
         for name in release_deliveries(ctx, state, deliveries, p.slot, keep={t.to} | staged):
             ctx.event("OldRevisionReleased", f"deleted BundleDelivery {name} of {p.pod}: "
                                              "its revision is no longer used")

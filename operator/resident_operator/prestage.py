@@ -4,8 +4,8 @@ Outside transitions each pass makes sure that the volume of every live owner hol
 revisions beside the live one, each through a BundleDelivery with ``activate: false`` (the
 bridge stages it, leases it and leaves ``current`` alone). The delivery is named as the
 transition's delivery of the same owner and revision would be (``naming.delivery_name``),
-so a switch to the revision finds it by name: its create answers 409 with the staged
-delivery, which the transition activates and does not wait for (``owner_step.perform``).
+so a switch to the revision finds it by name and activates it instead of creating one,
+and does not wait for it when it is staged already (``owner_step.perform``).
 After a switch the revision the owners left stays staged when
 ``spec.transition.keepPrevious`` is on (``status.previousBundle``), so a rollback is a
 pre-staged switch too; the next switch releases it.
@@ -34,26 +34,23 @@ from .spec import ModelSpec
 STAGED, STAGING, FAILED, LIVE = "Staged", "Staging", "Failed", "Live"
 
 
-def kept_revisions(spec: ModelSpec, previous: str | None) -> dict[str, str]:
-    """Digests (with their sources, when known) to keep staged beside the live revision:
-    ``spec.stage`` and, with keepPrevious, the revision the owners left at the last switch."""
+def kept_revisions(spec: ModelSpec, previous: dict[str, str] | None) -> dict[str, str]:
+    """digest -> source of the revisions to keep staged beside the live one: ``spec.stage``
+    and, with keepPrevious, ``previous`` (the revision the owners left at the last switch)."""
     out: dict[str, str] = {}
+    if spec.transition.keep_previous and previous and previous.get("digest"):
+        out[previous["digest"]] = previous.get("source", "")
     if spec.stage is not None:
         out[spec.stage.digest] = spec.stage.source
-    if spec.transition.keep_previous and previous:
-        out.setdefault(previous, "")
     return out
 
 
 def wanted_stages(spec: ModelSpec, committed: dict[str, str], previous: dict[str, str] | None
                   ) -> dict[str, str]:
-    """digest -> source of the revisions every live owner's volume should hold staged now."""
-    prev = previous or {}
-    kept = kept_revisions(spec, prev.get("digest"))
-    if prev.get("digest") in kept:
-        kept[prev["digest"]] = kept[prev["digest"]] or prev.get("source", "")
+    """What every live owner's volume should hold staged now: the kept revisions but the live one."""
+    kept = kept_revisions(spec, previous)
     kept.pop(committed.get("digest", ""), None)
-    return {d: s for d, s in kept.items() if s}
+    return kept
 
 
 def stage_owners(spec: ModelSpec, views: list[OwnerView]) -> list[OwnerView]:

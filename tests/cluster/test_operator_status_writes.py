@@ -194,3 +194,28 @@ def test_a_write_computed_from_a_stale_read_is_retried_and_keeps_both_records(cl
     # from a version the other writer had moved on from, and each was retried
     assert conflicts == ["shared"] * 3
     assert sorted(c["name"] for c in first.children) == ["first", "second"]   # each sees both
+
+
+def test_a_new_models_children_are_recorded_in_one_status_write(cluster, namespace, tiny, tmp_path):
+    """Issue 27, point 5: the first pass creates every child (token Secret, owner Pods,
+    Service, PodDisruptionBudget, NetworkPolicy) and records them together, not one write
+    per child. Counted from a watch that starts before the model exists."""
+    custom = client.CustomObjectsApi(cluster.api_client())
+    lister = lambda **kw: custom.list_namespaced_custom_object(  # noqa: E731
+        "resident.dev", "v1alpha1", namespace, "residentmodels", **kw)
+    rv, versions = lister()["metadata"]["resourceVersion"], []
+    api = Api(cluster, namespace)
+    with operator_process(namespace, tmp_path / "op.log"):
+        api.create_model("solo", tiny)
+        deadline = threading.Event()
+        while not deadline.is_set() and len(recorded(versions[-1] if versions else None)) < CHILDREN:
+            for ev in watch.Watch().stream(lister, resource_version=rv, timeout_seconds=2):
+                rv = ev["object"]["metadata"]["resourceVersion"]
+                versions.append(ev["object"])
+                if len(recorded(ev["object"])) >= CHILDREN:
+                    break
+            deadline.wait(0) if len(versions) < 500 else deadline.set()
+    counts = [len(recorded(v)) for v in versions]
+    growth = [b for a, b in zip([0] + counts, counts) if b != a]
+    assert counts and counts[-1] == CHILDREN, counts
+    assert growth == [CHILDREN], f"the records grew by write: {growth}"

@@ -97,6 +97,23 @@ def test_history_shows_the_last_transition_bytes_durations_and_nodes():
     assert reasons == ["TransitionPlanned", "TransitionSucceeded"]   # oldest first, others left out
 
 
+def test_get_shows_the_staged_and_the_kept_revision_and_history_the_commit_skew():
+    third = "sha256:" + "c3" * 32
+    m = model({"stage": {"digest": third, "ready": "1/2", "nodes": [
+                   {"node": "node-a", "state": "Staged"},
+                   {"node": "node-b", "state": "Failed", "reason": "IntegrityMismatch"}]},
+               "previousBundle": {"digest": OLD, "source": "file:///srv/a"}})
+    m["spec"]["stage"] = {"digest": third, "source": "file:///srv/c"}
+    text = "\n".join(view.render_model(m, NOW))
+    assert f"Staged:      {third[:19]}  on 1/2 owners' nodes; node-b: Failed (IntegrityMismatch)" in text
+    assert f"Kept:        {OLD[:19]}" in text
+    t = transition("succeeded", commit="Lockstep")
+    t.owners = [o.model_copy(update={"step": Step.done, "committed_at": NOW - 20 + 0.01 * o.slot,
+                                     "prestaged": True}) for o in t.owners]
+    text = "\n".join(view.render_history(model({"lastTransition": summarize(t, NOW)}), [], NOW))
+    assert "commit Lockstep, skew 10 ms (first to last owner's commit), pre-staged" in text
+
+
 def test_history_of_a_failed_transition_names_reason_and_owner():
     t = transition("failed", reason="Timeout", message="owner llm-owner-1-1 did not finish step Applying")
     t.owners[1] = t.owners[1].model_copy(update={"step": Step.failed})

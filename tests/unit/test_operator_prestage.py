@@ -29,7 +29,7 @@ def test_kept_and_wanted_revisions():
     previous = {"digest": C, "source": "file:///b/c"}
     staged = spec(stage={"source": "file:///b/b", "digest": B})
     assert wanted_stages(staged, committed, previous) == {B: "file:///b/b", C: "file:///b/c"}
-    assert kept_revisions(staged, C) == {B: "file:///b/b", C: ""}
+    assert kept_revisions(staged, previous) == {B: "file:///b/b", C: "file:///b/c"}
     off = spec(stage={"source": "file:///b/b", "digest": B}, transition={"keepPrevious": False})
     assert wanted_stages(off, committed, previous) == {B: "file:///b/b"}
     # a stage of the live revision asks for nothing; nor does a model without either
