@@ -76,19 +76,23 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
                                   last_transition=state.last_transition, blocker=blocked,
                                   desired_digest=spec.bundle.digest))
         return BLOCKED, blocked.message
-    ctx.token = ctx.token or ensure_token(ctx, state)   # known from an earlier pass, else read
-    t = state.transition
-    managed = slots_in_hand(t) if t else set()
-    revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])
-    pods = ensure_owner_pods(ctx, state, spec, managed, revision)
-    endpoint = ctx.endpoint
-    if endpoint is None:   # companions not checked since they or the spec last changed
-        endpoint = ensure_service(ctx, state, spec)
-        budget_settled = ensure_disruption_budget(ctx, state, spec)
-        ensure_control_policy(ctx, state)
-        # '' (the name is taken) or a budget the disruption controller could not compute:
-        # look again next pass
-        ctx.endpoint = (endpoint or None) if budget_settled else None
+    # The children this pass creates are recorded in one status write at the end of the
+    # block (also on an error). A crash before it loses no child: each has a deterministic
+    # name, so the next pass's create answers 409 and adopts it (owners.create_child).
+    with state.together():
+        ctx.token = ctx.token or ensure_token(ctx, state)   # known from an earlier pass, else read
+        t = state.transition
+        managed = slots_in_hand(t) if t else set()
+        revision = (t.to, t.to_source) if t else (state.bundle["digest"], state.bundle["source"])
+        pods = ensure_owner_pods(ctx, state, spec, managed, revision)
+        endpoint = ctx.endpoint
+        if endpoint is None:   # companions not checked since they or the spec last changed
+            endpoint = ensure_service(ctx, state, spec)
+            budget_settled = ensure_disruption_budget(ctx, state, spec)
+            ensure_control_policy(ctx, state)
+            # '' (the name is taken) or a budget the disruption controller could not compute:
+            # look again next pass
+            ctx.endpoint = (endpoint or None) if budget_settled else None
     views = observe_owners(ctx, pods, spec)
     release_deliveries_of_gone_owners(ctx, state, pods)
     if state.transition is None:
