@@ -91,6 +91,9 @@ class TransitionStatus(Wire):
     prepared_at: float | None = Field(default=None, alias="preparedAt")
     committed_at: float | None = Field(default=None, alias="committedAt")
     first_token_at: float | None = Field(default=None, alias="firstTokenAt")   # the new revision answered
+    # a Deferred reload loaded its target beside the live revision while preparing (its
+    # commit is a swap); false: no memory for both, the commit loads; null: not such a reload
+    loaded_beside: bool | None = Field(default=None, alias="loadedBeside")
     timings: Timings = Field(default_factory=Timings)
 
 

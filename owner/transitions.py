@@ -29,11 +29,12 @@ Service gets the owner's 503 with Retry-After rather than a refused connection.
 
 Two steps (``commit: Deferred``, for a lockstep switch of several owners): the transition
 prepares as far as it can without touching the live revision (in place: admission and the
-staged rows; reload: the pre-check of every target file), publishes result ``prepared``
+staged rows; reload: the pre-check of every target file and, where the backend can and
+memory for both revisions is there, the target loaded beside the live one, so that the
+commit is a swap: ``loadedBeside``), publishes result ``prepared``
 and waits for ``commit`` (it then goes on, result ``running`` again) or ``abort`` (result
-``aborted``, nothing changed). Without either within ``holdSeconds`` it aborts itself. A
-reload prepares only its pre-check: no backend here loads a second revision beside the
-live one. The owner stays ready while prepared.
+``aborted``, nothing changed). Without either within ``holdSeconds`` it aborts itself. The
+owner stays ready while prepared.
 
 Phases and their timings: ``stage`` (admission and reading/hash-checking changed chunks,
 or the reload pre-check), ``apply`` (journal + write, or close + load), ``verify``
@@ -137,22 +138,60 @@ def _roll_back(owner: "Owner", st: api.TransitionStatus, previous: Revision, pro
     return final, "failed"
 
 
+def memory_available() -> int:
+    """Bytes this process may still allocate: the kernel's MemAvailable, bounded by the
+    container's cgroup (v2) limit when it has one."""
+    avail = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read())
+        if limit != "max":
+            avail = min(avail, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def _load_beside(owner: "Owner", st: api.TransitionStatus, target: Revision):
+    """A Deferred reload prepares by loading the target beside the live revision, when the
+    backend can and memory for both is there (the live weights' bytes again, plus a
+    quarter); its commit is then a swap. Otherwise None: the commit loads, as a reload does."""
+    if st.commit != "Deferred" or not hasattr(owner.backend, "load_beside"):
+        return None
+    live = owner.backend.describe().residency
+    need = int(1.25 * (live.bytes if live else 0))
+    if memory_available() < need:
+        log.info("no memory to load beside the live revision; the commit will load",
+                 extra={"transition": st.id, "needBytes": need})
+        st.loaded_beside = False
+        return None
+    beside = owner.backend.load_beside(target)   # ReloadRefused: the live revision serves on
+    st.loaded_beside = True
+    return beside
+
+
 def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.Timings,
             drain_seconds: float, leave_endpoints: bool = True) -> tuple[str, str]:
     st.strategy = "Reload"
     t0 = time.perf_counter()
     _precheck(target)
+    beside = _load_beside(owner, st, target)
     t.stage_seconds = time.perf_counter() - t0
     if not owner.await_commit(st):
         return "ready", "aborted"
-    owner.reloading = leave_endpoints  # /readyz 503 from here until the new revision answered
-    if drain_seconds:
+    owner.reloading = leave_endpoints and beside is None  # /readyz 503 until the new revision answered
+    if drain_seconds and beside is None:
         log.info("draining before reload", extra={"transition": st.id, "seconds": drain_seconds})
         owner.closing.wait(drain_seconds)  # still serving the old revision meanwhile
-    with owner.revision_lock.exclusive(closed=True):
+    # a swap is brief: requests wait for it, as for an in-place apply; a load turns them away
+    with owner.revision_lock.exclusive(closed=beside is None):
         t1 = time.perf_counter()
         try:
-            report = owner.backend.reload(target)
+            report = owner.backend.swap_in(beside) if beside is not None else owner.backend.reload(target)
         except ReloadRefused as e:
             st.reason = f"reload failed before the live revision changed, which still serves: {e}"
             return "ready", "failed"

@@ -99,6 +99,27 @@ class CpuBackend:
         self.revision, self.decoder, self.graph = None, None, None
         self.weights, self._layouts = {}, {}
 
+    # -- a reload in two steps: load beside the live revision, then swap -------------
+    def load_beside(self, revision: Revision) -> "CpuBackend":
+        """Load ``revision`` into a backend of its own while this one serves (a lockstep
+        switch's prepare): memory for both for a while, and the swap that follows is all
+        the live revision's downtime. Raises ReloadRefused: nothing live is touched."""
+        beside = CpuBackend(self.verify_chunks)
+        try:
+            beside.load(revision)
+        except Exception as e:  # noqa: BLE001 - the live revision still serves, whole
+            raise ReloadRefused(f"loading {revision.digest} beside the live revision failed: "
+                                f"{type(e).__name__}: {e}") from e
+        return beside
+
+    def swap_in(self, beside: "CpuBackend") -> LoadReport:
+        """Take over what :meth:`load_beside` loaded; the old revision's memory goes."""
+        t0 = time.perf_counter()
+        self.revision, self.graph, self.weights = beside.revision, beside.graph, beside.weights
+        self.decoder, self.tokenizer, self._layouts = beside.decoder, beside.tokenizer, beside._layouts
+        beside.close()
+        return LoadReport(0.0, time.perf_counter() - t0, graph_reused=False)
+
     def _load(self, rev: Revision, keep: CompiledGraph | None) -> LoadReport:
         m = rev.manifest
         t0 = time.perf_counter()

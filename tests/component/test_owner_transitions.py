@@ -600,6 +600,8 @@ def test_a_deferred_transition_prepares_serves_the_old_revision_then_commits(vol
         st = wait_result(c, tid)
         assert st["result"] == "prepared" and st["preparedAt"] and st["committedAt"] is None
         assert st["timings"]["stageSeconds"] is not None and st["timings"]["applySeconds"] is None
+        # a reload prepares by loading the target beside the live revision: its commit swaps
+        assert st["loadedBeside"] is (True if strategy == "Reload" else None)
         # prepared: the live revision answers, the owner stays in its Service
         assert c.generate().json()["tokens"] == reference[d["base"]]
         assert c.get("/readyz", auth=False).status_code == 200
@@ -641,3 +643,24 @@ def test_an_aborted_or_expired_prepare_changes_nothing_and_frees_the_owner(volum
         tid = c.post("/v1/transitions", {"target": d["rows"], "path": "WholeBundle"}).json()["id"]
         assert wait_result(c, tid)["result"] == "succeeded"
         assert c.post(f"/v1/transitions/{tid}/abort", {}).status_code == 409
+
+
+def test_a_deferred_reload_without_memory_for_both_revisions_loads_at_its_commit(volume, reference, monkeypatch):
+    from owner import transitions
+    monkeypatch.setattr(transitions, "memory_available", lambda: 0)
+    vol, d = volume
+    with serving(vol) as c:
+        tid = c.post("/v1/transitions", {"target": d["rows"], "path": "WholeBundle", "strategy": "Reload",
+                                         "commit": "Deferred"}).json()["id"]
+        st = wait_result(c, tid)
+        assert st["result"] == "prepared" and st["loadedBeside"] is False
+        assert c.generate().json()["tokens"] == reference[d["base"]]
+        assert c.post(f"/v1/transitions/{tid}/commit", {}).status_code == 200
+        st = wait_result(c, tid)
+        assert st["result"] == "succeeded" and st["identity"] == identity_of(vol, d["rows"])
+        assert c.generate().json()["tokens"] == reference[d["rows"]]
+
+
+def test_memory_available_reads_the_kernel_and_the_cgroup():
+    from owner.transitions import memory_available
+    assert 0 < memory_available() < 1 << 50
