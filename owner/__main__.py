@@ -8,6 +8,9 @@ the operator's token) and the inference API (``--inference-port``: OpenAI-compat
 ``/healthz``, ``/readyz`` and ``/metrics``. A start failure closes the engine and exits
 with status 1 and the cause, which it also writes as ``<Reason>: <message>`` to the
 container's termination message (:mod:`owner.termination`) for the operator to read.
+On SIGTERM it turns not ready and keeps answering until no inference request came for
+``--shutdown-quiet-seconds`` (proxies still send clients here for a moment after the Pod
+left its endpoints), at most ``--shutdown-limit-seconds``, then closes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from bundle import jsonlog
 from . import termination as term
 from .backends import REGISTRY, BackendError, BackendUnavailable, create_backend
+from .httpbase import drain
 from .inference import make_inference_server
 from .runtime import Owner, StartupError
 from .server import make_server, read_token
@@ -64,6 +68,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                           "'Authorization: Bearer <key>' (default: no key, the port is open)")
     p.add_argument("--apply-wait-seconds", type=float, default=30.0,
                    help="how long a request may wait behind an in-place apply before it gets 503 (default 30)")
+    p.add_argument("--shutdown-quiet-seconds", type=float, default=1.0,
+                   help="after SIGTERM, keep serving until no inference request came for this long, so "
+                        "clients still sent here by a proxy that has not seen the Pod leave get answers "
+                        "(default 1)")
+    p.add_argument("--shutdown-limit-seconds", type=float, default=10.0,
+                   help="stop after SIGTERM at the latest this long after it, quiet or not (default 10; "
+                        "keep it below the Pod's terminationGracePeriodSeconds)")
     p.add_argument("--warmup", action="store_true", help="run every variant once before /readyz is true")
     p.add_argument("--verify-chunks", action="store_true",
                    help="cpu, torch: after an in-place write also rebuild every changed chunk from live memory "
@@ -138,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         owner.start()
         stop.wait()
+        owner.terminating = True   # /readyz says no from now on
+        waited = drain(servers[1], args.shutdown_quiet_seconds, args.shutdown_limit_seconds)
+        log.info("owner stopping", extra={"drained_seconds": round(waited, 3)})
     except StartupError as e:
         code = start_failed(args, term.LOAD_FAILED, str(e))
     finally:

@@ -76,6 +76,8 @@ class OwnerHandler(BaseHTTPRequestHandler):
     def _dispatch(self, routes: dict[str, Route]) -> None:
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0]
+        if path not in PROBES:
+            self.server.last_request = time.monotonic()
         self.code = 0  # one handler serves every request of a kept-alive connection
         try:
             self._admit(path)
@@ -113,6 +115,20 @@ class OwnerHandler(BaseHTTPRequestHandler):
 class OwnerServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    last_request = 0.0   # monotonic time of the last request other than a probe
+
+
+def drain(server: OwnerServer, quiet_seconds: float, limit_seconds: float) -> float:
+    """After SIGTERM, keep answering until no request came for ``quiet_seconds``, at most
+    ``limit_seconds``; returns the seconds it waited. The Pod leaves its Service's endpoints
+    when it is deleted, but each node's kube-proxy follows a moment later: until then
+    clients are still sent here, and closing at once would reset their connections."""
+    start = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now - max(server.last_request, start) >= quiet_seconds or now - start >= limit_seconds:
+            return now - start
+        time.sleep(min(0.05, quiet_seconds))
 
 
 def bind(handler: type[OwnerHandler], host: str, port: int, **attributes) -> OwnerServer:

@@ -74,6 +74,7 @@ class Owner:
         self.engine = threading.Lock()
         self.reloading = False
         self.closing = threading.Event()  # cuts a reload's drain short at shutdown
+        self.terminating = False          # SIGTERM came: not ready while the last requests drain
         self.transition_guard = threading.Lock()
         self.finished = threading.Condition()   # notified when a transition's result is set
         self.transitions: dict[str, api.TransitionStatus] = {}
@@ -98,6 +99,8 @@ class Owner:
 
     @property
     def ready(self) -> bool:
+        if self.terminating:   # SIGTERM: answering what still comes, but take no new clients
+            return False
         return self._state == "ready" or (self._state == "transitioning" and not self.reloading)
 
     def live_digest(self) -> str | None:

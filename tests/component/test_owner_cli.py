@@ -153,3 +153,31 @@ def test_help_explains_the_command():
     assert out.returncode == 0
     assert "--bundle-dir" in out.stdout and "--token-file" in out.stdout and "current ->" in out.stdout
     assert "--inference-port" in out.stdout and "inference port is open" in out.stdout
+
+
+def test_sigterm_answers_until_requests_stop_coming_then_exits(volume):
+    tmp, digest = volume
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--port", "0",
+                  "--model-name", "demo", "--shutdown-quiet-seconds", "0.5"], tmp)
+    try:
+        port, inference_port = ports_from_logs(proc, time.monotonic() + 30)
+        deadline = time.monotonic() + 30
+        while requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{inference_port}/v1/completions"
+        ask = lambda: requests.post(url, json={"model": "demo", "prompt": "hi", "max_tokens": 2}, timeout=10)  # noqa: E731
+        assert ask().status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        answered = []
+        while time.monotonic() - t0 < 1.5:   # a client a proxy still sends here, every 0.1 s
+            answered.append(ask().status_code)
+            time.sleep(0.1)
+        assert answered and set(answered) == {200} and proc.poll() is None
+        assert requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 503
+        t_last = time.monotonic()            # the traffic stops: it goes once quiet for 0.5 s
+        assert proc.wait(10) == 0
+        assert 0.4 <= time.monotonic() - t_last < 5
+    finally:
+        stop(proc)
