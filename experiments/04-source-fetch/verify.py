@@ -1,4 +1,9 @@
-"""Recompute summary.json from raw.json (benchkit.verify) and check the samples are whole."""
+"""Recompute summary.json from raw.json (benchkit.verify) and check the samples are whole:
+every arm fetched the same bytes; in a run with the hf arm, every hf sample timed the
+manifest's making apart, and the one-tensor delivery's byte count agrees with the source's
+fetched-bytes metric. Prints the targets, met or missed.
+
+``python verify.py [FOLDER]``: by default this folder."""
 
 import json
 import sys
@@ -11,8 +16,25 @@ sys.path.insert(0, str(HERE))
 import benchkit  # noqa: E402
 from run import recompute  # noqa: E402
 
-raw = json.loads((HERE / "raw.json").read_text())
+folder = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
+raw = json.loads((folder / "raw.json").read_text())
 want = {s["bytes"] for s in raw["samples"]}
 if len(want) != 1:
     raise SystemExit(f"arms fetched different byte counts: {sorted(want)}")
-benchkit.verify(HERE, recompute)
+if "delta" in raw:
+    for s in raw["samples"]:
+        if s["arm"] == "hf" and not (s["make_seconds"] > 0 and s["make_requests"]["requests"] > 0):
+            raise SystemExit(f"hf round {s['round']}: the manifest was not made in the sample")
+    d = raw["delta"]
+    if d["delivery_fetched_bytes"] != d["delivery_metric_bytes"]:
+        raise SystemExit(f"one-tensor delivery: the store counted {d['delivery_fetched_bytes']} bytes "
+                         f"fetched, the source's metric {d['delivery_metric_bytes']}")
+benchkit.verify(folder, recompute)
+summary = json.loads((folder / "summary.json").read_text())
+for name, t in summary.get("targets", {}).items():
+    if "ratio" in t:
+        ratio = "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}x"
+        print(f"  {name:<20} {ratio:>8} (target <= {t['target']}x: {'met' if t['met'] else 'missed'})")
+    else:
+        print(f"  {name:<20} {t['bytes']:>10} B (target <= {t['target_bytes']} B: "
+              f"{'met' if t['met'] else 'missed'})")
