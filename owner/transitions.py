@@ -160,7 +160,10 @@ def _load_beside(owner: "Owner", st: api.TransitionStatus, target: Revision):
     """A Deferred reload prepares by loading the target beside the live revision, when the
     backend can and memory for both is there (the live weights' bytes again, plus a
     quarter); its commit is then a swap. Otherwise None: the commit loads, as a reload does."""
-    if st.commit != "Deferred" or not hasattr(owner.backend, "load_beside"):
+    if st.commit != "Deferred":
+        return None
+    if not hasattr(owner.backend, "load_beside"):   # the torch and vendor backends: they say so
+        st.loaded_beside = False
         return None
     live = owner.backend.describe().residency
     need = int(1.25 * (live.bytes if live else 0))
