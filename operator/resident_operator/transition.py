@@ -252,20 +252,25 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
     return Decision(p)
 
 
+def _lost(p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
+    """The owner's record of its transition is missing: wait while the owner does not answer
+    (until the timeout); an owner that answers and does not know it lost it."""
+    if obs.state is None:
+        return Decision(p)
+    return _fail(p, now, "OwnerTransitionLost", f"owner {p.pod} no longer knows transition {p.owner_transition}")
+
+
 def _preparing(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: float) -> Decision:
     ot = obs.owner_transition
     if not p.owner_transition:
         return Decision(p, [Action.start_owner_transition] if obs.state == "ready" else [])
     if ot is None:
-        if obs.state is None:
-            return Decision(p)  # unreachable: retry until the timeout
-        return _fail(p, now, "OwnerTransitionLost",
-                     f"owner {p.pod} no longer knows transition {p.owner_transition}")
+        return _lost(p, obs, now)
     result = ot.get("result")
     if result == "running":
         return Decision(p)
     if result == "prepared":
-        return Decision(_to(p, Step.prepared, applied_at=None))
+        return Decision(_to(p, Step.prepared))
     return _fail(p, now, "PrepareFailed", f"owner {p.pod} could not prepare {t.to}: "
                                           f"{ot.get('reason') or result}")
 
@@ -291,10 +296,7 @@ def _applying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: 
     if ot is None:
         if obs.identity_bundle == t.to:
             return Decision(_to(p, Step.verifying, applied_at=now))
-        if obs.state is None:
-            return Decision(p)  # unreachable: retry until the timeout
-        return _fail(p, now, "OwnerTransitionLost",
-                     f"owner {p.pod} no longer knows transition {p.owner_transition}")
+        return _lost(p, obs, now)
     result = ot.get("result")
     if result == "running":
         return Decision(p)
