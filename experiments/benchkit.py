@@ -111,3 +111,21 @@ def verify(folder: Path, recompute: Callable[[dict], dict], draw: Draw | None = 
     print(f"{folder.name}: summary reproduced from {folder / 'raw.json'}")
     for png in draw(raw, folder) if draw else []:
         print(f"{folder.name}: drew {png.name}")
+
+
+def verify_folders(here: Path, argv: list[str], problems: Callable[[dict], list[str]],
+                   recompute: Callable[[dict], dict], draw: Draw | None = None) -> list[tuple[Path, dict]]:
+    """A verify.py's work for each folder named in ``argv`` (by default every ``*/raw.json``
+    beside ``here``): every sample as its arm says (``problems`` lists those that are not),
+    then :func:`verify`. Returns each folder with its summary, for the caller to print."""
+    folders = [Path(a) for a in argv] or sorted(p.parent for p in here.glob("*/raw.json"))
+    if not folders:
+        raise SystemExit("no */raw.json to verify")
+    out = []
+    for folder in folders:
+        found = problems(json.loads((folder / "raw.json").read_text()))
+        if found:
+            raise SystemExit(f"{folder.name}: samples off their arm:\n" + "\n".join(found))
+        verify(folder, recompute, draw)
+        out.append((folder, json.loads((folder / "summary.json").read_text())))
+    return out

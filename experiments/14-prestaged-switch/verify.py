@@ -5,7 +5,6 @@ arm's strategy and succeeded, that the pre-staged arms moved no byte inside the 
 
 ``python verify.py [FOLDER ...]``: by default every ``*/raw.json`` next to this script."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -39,22 +38,13 @@ def problems(raw: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    folders = [Path(a) for a in argv] or sorted(p.parent for p in HERE.glob("*/raw.json"))
-    if not folders:
-        raise SystemExit("no */raw.json to verify")
-    for folder in folders:
-        found = problems(json.loads((folder / "raw.json").read_text()))
-        if found:
-            raise SystemExit(f"{folder.name}: samples off their arm:\n" + "\n".join(found))
-        benchkit.verify(folder, recompute, draw)
-        summary = json.loads((folder / "summary.json").read_text())
+    for _, summary in benchkit.verify_folders(HERE, argv, problems, recompute, draw):
         for name, t in summary["targets"].items():
             ratio = "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}x"
             total = summary["total_ratios"][name]
             print(f"  {name:<36} {ratio:>7} (target >= {t['target']}x: {'met' if t['met'] else 'missed'}; "
                   f"of totalSeconds {'n/a' if total is None else f'{total:.2f}x'})")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,6 @@ revision); then redraw switch.png from raw.json.
 
 ``python verify.py [FOLDER ...]``: by default every ``*/raw.json`` next to this script."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -40,21 +39,12 @@ def problems(raw: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    folders = [Path(a) for a in argv] or sorted(p.parent for p in HERE.glob("*/raw.json"))
-    if not folders:
-        raise SystemExit("no */raw.json to verify")
-    for folder in folders:
-        found = problems(json.loads((folder / "raw.json").read_text()))
-        if found:
-            raise SystemExit(f"{folder.name}: samples off their arm:\n" + "\n".join(found))
-        benchkit.verify(folder, recompute, draw)
-        summary = json.loads((folder / "summary.json").read_text())
+    for _, summary in benchkit.verify_folders(HERE, argv, problems, recompute, draw):
         ratio = summary["ratios"]["rolling_over_lockstep_skew"]
         print(f"  rolling / lockstep skew (medians)  {'n/a' if ratio is None else f'{ratio:.1f}x'}")
         for name, t in summary["targets"].items():
             print(f"  {name:<34} {t['value']:.4g} (target <= {t['target']}: {'met' if t['met'] else 'missed'})")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
