@@ -74,3 +74,15 @@ def test_the_phases_drawn_add_up_to_each_samples_total(delivery_table):
     for s in raw["samples"]:
         parts = sum(value(s) for value in run.PHASES.values())
         assert parts == pytest.approx(s["total_seconds"], abs=0.002), s["arm"]
+
+
+def test_verify_folders_refuses_samples_off_their_arm_and_checks_each_folder(delivery_table, tmp_path):
+    run, benchkit = delivery_table
+    folder = copy_run(DELIVERY_TABLE / "1024mib", tmp_path / "1024mib")
+    summaries = benchkit.verify_folders(tmp_path, [], lambda raw: [], run.recompute)
+    assert [f for f, _ in summaries] == [folder]
+    assert summaries[0][1] == json.loads((folder / "summary.json").read_text())
+    with pytest.raises(SystemExit, match="samples off their arm:\nround 0 is wrong"):
+        benchkit.verify_folders(tmp_path, [str(folder)], lambda raw: ["round 0 is wrong"], run.recompute)
+    with pytest.raises(SystemExit, match="no \\*/raw.json"):
+        benchkit.verify_folders(tmp_path / "empty", [], lambda raw: [], run.recompute)
