@@ -39,13 +39,22 @@ class Revisions:
     d: str
 
 
+def make_base(work: Path, size_bytes: int) -> tuple[str, Path]:
+    """Revision A alone (digest, folder): for benchmarks that derive every other revision
+    from the live one."""
+    from bundle.cpu_model import make_demo
+
+    folder = work / "rev-a"
+    return make_demo(folder, size_bytes, seed=7, chunk_size=CHUNK).digest, folder
+
+
 def make_bundles(work: Path, size_bytes: int) -> tuple[Revisions, dict[str, Path]]:
-    from bundle.cpu_model import make_demo, make_revision
+    from bundle.cpu_model import make_revision
 
     dirs = {k: work / f"rev-{k}" for k in "abcd"}
     digests = {}
     if not (dirs["d"] / "resident-manifest.json").exists():
-        make_demo(dirs["a"], size_bytes, seed=7, chunk_size=CHUNK)
+        make_base(work, size_bytes)
         make_revision(dirs["a"], dirs["b"], "graph", seed=1, chunk_size=CHUNK)
         make_revision(dirs["b"], dirs["c"], "rows", fraction=0.005, seed=2, chunk_size=CHUNK)
         make_revision(dirs["c"], dirs["d"], "rows", fraction=0.005, seed=3, chunk_size=CHUNK)

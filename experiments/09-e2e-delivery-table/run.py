@@ -162,14 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     from bundle.loopfs import loop_filesystem
     from localcluster.install import install
     from localcluster.node import LocalCluster
-    from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
+    from localcluster.scenario import CHUNK, BundleServer, Story, make_base, model_body
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp09-"))
     machine_before = benchkit.machine()
     try:  # the revisions it generates are large: removed also when a run fails
-        revs, dirs = make_bundles(work, args.size_mib * 2**20)
-        for k in "bcd":
-            shutil.rmtree(dirs[k])     # only A is used: every arm derives its own revision
+        base, base_dir = make_base(work, args.size_mib * 2**20)   # every other revision derives from it
         store_size = (8 * args.rounds + 4) * args.size_mib * 2**20   # reconstructs write whole revisions
         with contextlib.ExitStack() as stack:
             store = (stack.enter_context(loop_filesystem("xfs", store_size)) if args.store_fs == "xfs"
@@ -179,14 +177,14 @@ def main(argv: list[str] | None = None) -> int:
             # the bundle server listens on this machine's loopback; the bridge's Pod reaches it
             # at the address the cluster knows it by (server.url), pushes go to local_url
             server = stack.enter_context(BundleServer(work / "served", work / "logs", cluster=cluster))
-            server.push(dirs["a"])
+            server.push(base_dir)
             installation = install(cluster, bridge_root=store)
             cluster.kubectl("create", "namespace", "bench")
             cluster.wait_for_service_account("bench")
             story = Story(cluster, "bench", "bench", installation.bridge_root)
-            story.apply(model_body("bench", server.url, revs.a))
-            story.wait_ready(revs.a)
-            live = {"dir": dirs["a"], "n": 0}
+            story.apply(model_body("bench", server.url, base))
+            story.wait_ready(base)
+            live = {"dir": base_dir, "n": 0}
 
             def arm(name: str):
                 kind, delivery, strategy = ARMS[name]

@@ -102,37 +102,35 @@ def main(argv: list[str] | None = None) -> int:
     from bundle.cpu_model import make_revision
     from localcluster.install import install
     from localcluster.node import LocalCluster
-    from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
+    from localcluster.scenario import CHUNK, BundleServer, Story, make_base, model_body
     from localcluster.traffic import ClosedLoop
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp11-"))
     before = benchkit.machine()
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)   # last, also when a round fails
-        revs, dirs = make_bundles(work, args.size_mib * 2**20)
-        for k in "bcd":
-            shutil.rmtree(dirs[k])
+        base, base_dir = make_base(work, args.size_mib * 2**20)   # every other revision derives from it
         cluster = stack.enter_context(LocalCluster())
         kubernetes_version = cluster.version
         # on this machine's loopback; the bridge's Pod reaches it at server.url, pushes use local_url
         server = stack.enter_context(BundleServer(work / "served", work / "logs", cluster=cluster))
-        server.push(dirs["a"])
+        server.push(base_dir)
         installation = install(cluster)
         cluster.kubectl("create", "namespace", "bench")
         cluster.wait_for_service_account("bench")
         stories, loads = {}, {}
         for name, (replicas, control, http) in MODELS.items():
-            body = model_body(name, server.url, revs.a, port=control)
+            body = model_body(name, server.url, base, port=control)
             body["spec"].update(replicas=replicas, serving={"port": http})
             story = stories[name] = Story(cluster, "bench", name, installation.bridge_root)
             story.apply(body)
         discovery = client.DiscoveryV1Api(cluster.api_client())
         for name, story in stories.items():
-            story.wait_ready(revs.a)
+            story.wait_ready(base)
             wait_until(f"{name} in its EndpointSlices",
                        lambda n=name: ready_endpoints(discovery, "bench", n) == MODELS[n][0])
             loads[name] = stack.enter_context(ClosedLoop(story.service_address(), name))
-        live = {"dir": dirs["a"], "n": 0, "digest": revs.a}
+        live = {"dir": base_dir, "n": 0, "digest": base}
 
         def arm(name: str):
             model, strategy = ARMS[name]

@@ -119,33 +119,31 @@ def main(argv: list[str] | None = None) -> int:
     from bundle.cpu_model import make_revision
     from localcluster.install import install
     from localcluster.node import LocalCluster
-    from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body, whole_bundle_reload
+    from localcluster.scenario import CHUNK, BundleServer, Story, make_base, model_body, whole_bundle_reload
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp13-"))
     before = benchkit.machine()
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)   # last, also when a round fails
-        revs, dirs = make_bundles(work, args.size_mib * 2**20)
-        for k in "bcd":
-            shutil.rmtree(dirs[k])
+        base, base_dir = make_base(work, args.size_mib * 2**20)   # every other revision derives from it
         cluster = stack.enter_context(LocalCluster(nodes=3))
         server = stack.enter_context(BundleServer(work / "served", work / "logs", cluster=cluster))
-        server.push(dirs["a"])
+        server.push(base_dir)
         installation = install(cluster)
         core = client.CoreV1Api(cluster.api_client())
         cluster.kubectl("create", "namespace", "bench")
         cluster.wait_for_service_account("bench")
         stories = {}
         for name, (control, http) in MODELS.items():
-            body = model_body(name, server.url, revs.a, port=control)
+            body = model_body(name, server.url, base, port=control)
             body["spec"].update(replicas=3, serving={"port": http})
             if name == "packed":
                 body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-0"}
             stories[name] = Story(cluster, "bench", name, installation.bridge_root)
             stories[name].apply(body)
         for story in stories.values():
-            story.wait_ready(revs.a, timeout=600)
-        live = {name: {"dir": dirs["a"], "digest": revs.a} for name in MODELS}
+            story.wait_ready(base, timeout=600)
+        live = {name: {"dir": base_dir, "digest": base} for name in MODELS}
         counter = {"n": 0}
 
         def owners(name: str) -> list:
@@ -168,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 benchkit.wait_until("every owner Ready", lambda: story.get()["status"]["ready"] == "3/3",
                                     timeout=300, every=0.1)
                 wall = time.monotonic() - t0
-                if live[name]["dir"] != dirs["a"]:
+                if live[name]["dir"] != base_dir:
                     shutil.rmtree(live[name]["dir"], ignore_errors=True)   # superseded: free the disk
                 live[name] = {"dir": target, "digest": digest}
                 last = rm["status"]["lastTransition"]

@@ -151,29 +151,27 @@ def main(argv: list[str] | None = None) -> int:
     from bundle.cpu_model import make_revision
     from localcluster.install import install
     from localcluster.node import LocalCluster
-    from localcluster.scenario import (CHUNK, GROUP, VERSION, BundleServer, Story, condition, make_bundles,
+    from localcluster.scenario import (CHUNK, GROUP, VERSION, BundleServer, Story, condition, make_base,
                                        model_body)
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp14-"))
     machine_before = benchkit.machine()
     try:  # the revisions it generates are large: removed also when a run fails
-        revs, dirs = make_bundles(work, args.size_mib * 2**20)
-        for k in "bcd":
-            shutil.rmtree(dirs[k])     # only A is used: every arm derives its own revision
+        base, base_dir = make_base(work, args.size_mib * 2**20)   # every other revision derives from it
         with contextlib.ExitStack() as stack:
             cluster = stack.enter_context(LocalCluster())
             kubernetes_version = cluster.version
             server = stack.enter_context(BundleServer(work / "served", work / "logs", cluster=cluster))
-            server.push(dirs["a"])
+            server.push(base_dir)
             installation = install(cluster)
             cluster.kubectl("create", "namespace", "bench")
             cluster.wait_for_service_account("bench")
             story = Story(cluster, "bench", "bench", installation.bridge_root)
-            body = model_body("bench", server.url, revs.a)
+            body = model_body("bench", server.url, base)
             body["spec"]["transition"]["keepPrevious"] = False
             story.apply(body)
-            story.wait_ready(revs.a)
-            live = {"dir": dirs["a"], "digest": revs.a, "n": 0}
+            story.wait_ready(base)
+            live = {"dir": base_dir, "digest": base, "n": 0}
 
             def nothing_staged() -> bool:
                 status = story.get().get("status") or {}

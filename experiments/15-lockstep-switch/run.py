@@ -158,29 +158,27 @@ def main(argv: list[str] | None = None) -> int:
     from bundle.cpu_model import make_revision
     from localcluster.install import install
     from localcluster.node import LocalCluster
-    from localcluster.scenario import CHUNK, BundleServer, Story, make_bundles, model_body
+    from localcluster.scenario import CHUNK, BundleServer, Story, make_base, model_body
     from localcluster.traffic import ClosedLoop
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp15-"))
     before = benchkit.machine()
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)   # last, also when a round fails
-        revs, dirs = make_bundles(work, args.size_mib * 2**20)
-        for k in "bcd":
-            shutil.rmtree(dirs[k])     # only A is used: every sample derives its own revision
+        base, base_dir = make_base(work, args.size_mib * 2**20)   # every other revision derives from it
         cluster = stack.enter_context(LocalCluster(nodes=3))
         kubernetes_version = cluster.version
         server = stack.enter_context(BundleServer(work / "served", work / "logs", cluster=cluster))
-        server.push(dirs["a"])
+        server.push(base_dir)
         installation = install(cluster)
         cluster.kubectl("create", "namespace", "bench")
         cluster.wait_for_service_account("bench")
         story = Story(cluster, "bench", "bench", installation.bridge_root)
-        body = model_body("bench", server.url, revs.a)
+        body = model_body("bench", server.url, base)
         body["spec"]["replicas"] = 3
         body["spec"]["transition"].update(strategy=STRATEGY, keepPrevious=False)
         story.apply(body)
-        story.wait_ready(revs.a, timeout=600)
+        story.wait_ready(base, timeout=600)
         discovery = client.DiscoveryV1Api(cluster.api_client())
 
         def ready(pod) -> bool:
@@ -195,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
         benchkit.wait_until("one ready owner per node", serving_everywhere, timeout=300, every=0.5)
         address = story.service_address()
-        live = {"dir": dirs["a"], "digest": revs.a, "n": 0}
+        live = {"dir": base_dir, "digest": base, "n": 0}
 
         def arm(name: str):
             commit = ARMS[name]
