@@ -46,6 +46,11 @@ def build_bundle_delivery(model: str, model_uid: str, spec: ModelSpec, *, slot: 
     }
 
 
+def prestaged(body: dict[str, Any]) -> bool:
+    """A pre-staged delivery (``activate: false``): its revision waits beside the live one."""
+    return (body.get("spec") or {}).get("activate", True) is False
+
+
 def deliveries_of_gone_owners(deliveries: list[dict[str, Any]], live_pod_uids: set[str]
                               ) -> list[dict[str, Any]]:
     """Deliveries, not yet being deleted, into the volume of a Pod that is no live owner
@@ -71,7 +76,6 @@ class DeliveryObservation:
     attempts: int = 0
     next_attempt_time: str = ""
     finished_at: str = ""
-    activate: bool = True
     current: bool = True   # the status answers the delivery's current generation
 
     @property
@@ -108,5 +112,4 @@ def observe_delivery(body: dict[str, Any] | None) -> DeliveryObservation | None:
         duration_seconds=float(st.get("durationSeconds") or 0.0),
         verified=bool(st.get("verified")), attempts=int(st.get("attempts") or 0),
         next_attempt_time=st.get("nextAttemptTime") or "", finished_at=st.get("finishedAt") or "",
-        activate=(body.get("spec") or {}).get("activate", True) is not False,
         current=st.get("observedGeneration") in (None, (body.get("metadata") or {}).get("generation")))

@@ -15,7 +15,7 @@ from typing import Any
 from . import children as ch
 from . import naming
 from .context import ModelContext, log
-from .delivery import build_bundle_delivery, observe_delivery
+from .delivery import build_bundle_delivery, observe_delivery, prestaged
 from .prestage import kept_revisions
 from .model_state import ModelState
 from .observe import OwnerView
@@ -115,7 +115,7 @@ def release_deliveries(ctx: ModelContext, state: ModelState, deliveries: dict[st
 def set_activate(ctx: ModelContext, bd: dict[str, Any], activate: bool) -> None:
     """Turn a delivery into a transition's (``activate``: the bridge moves ``current`` to it)
     or into a pre-staged one (the revision stays beside the live one, for a rollback)."""
-    if (bd.get("spec") or {}).get("activate", True) is activate:
+    if prestaged(bd) is not activate:
         return
     try:   # the UID makes it a precondition: a successor of the same name is not touched
         ctx.kube.patch(ctx.namespace, "BundleDelivery", bd["metadata"]["name"],
@@ -143,17 +143,17 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
             return p  # an earlier delivery of this name is still being released: next pass
         name = got["metadata"]["name"]
         deliveries[name] = got
-        prestaged = (got.get("spec") or {}).get("activate", True) is False
-        if prestaged:   # staged ahead under the same name: the switch only activates it
+        ahead = prestaged(got)
+        if ahead:   # staged ahead under the same name: the switch only activates it
             set_activate(ctx, got, True)
-            prestaged = observe_delivery(got).staged
+            ahead = observe_delivery(got).staged
             ctx.event("PrestagedRevisionUsed", f"BundleDelivery {name} staged {t.to[:19]} into {p.pod} "
                                                f"on {p.node} ahead of the switch"
-                                               + ("" if prestaged else " (still staging)"))
+                                               + ("" if ahead else " (still staging)"))
         else:
             ctx.event("DeliveryCreated", f"BundleDelivery {name}: stage {t.to[:19]} "
                                          f"into {p.pod} on {p.node} ({t.path})")
-        return p.model_copy(update={"delivery": name, "prestaged": prestaged})
+        return p.model_copy(update={"delivery": name, "prestaged": ahead})
     if action == Action.start_owner_transition:
         if view is None or not view.state == "ready":
             return p

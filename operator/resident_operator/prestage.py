@@ -25,7 +25,7 @@ from . import children as ch
 from . import conditions as c
 from . import naming
 from .context import ModelContext
-from .delivery import build_bundle_delivery, observe_delivery
+from .delivery import build_bundle_delivery, observe_delivery, prestaged
 from .model_state import ModelState
 from .observe import OwnerView
 from .owners import create_child
@@ -84,7 +84,7 @@ def ensure_stages(ctx: ModelContext, state: ModelState, spec: ModelSpec, views: 
     live_uids = {v.uid for v in owners}
     for bd in deliveries:
         spec_ = bd.get("spec") or {}
-        if spec_.get("activate", True) is not False or bd["metadata"].get("deletionTimestamp"):
+        if not prestaged(bd) or bd["metadata"].get("deletionTimestamp"):
             continue
         if spec_.get("podUID") in live_uids and spec_["bundle"]["digest"] in wanted:
             continue

@@ -20,7 +20,7 @@ from . import conditions as c
 from . import metrics, naming
 from .context import ModelContext
 from .model_state import ModelState, StatusStore
-from .observe import derive_status
+from .observe import OwnerView, derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
 from .prestage import ensure_stages, stage_status
 from .rollout import step_transition
@@ -29,7 +29,7 @@ from .control_policy import ensure_control_policy
 from .disruption import ensure_disruption_budget
 from .serving import ensure_service
 from .source_check import check_first_placement
-from .spec import SpecError, parse_spec, spec_problems
+from .spec import ModelSpec, SpecError, parse_spec, spec_problems
 from .template_roll import roll_pod_template
 from .transition import slots_in_hand, step_deadline
 
@@ -112,7 +112,7 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     return OK, ""
 
 
-def _with_stages(ctx: ModelContext, state: ModelState, spec: Any, views: list[Any],
+def _with_stages(ctx: ModelContext, state: ModelState, spec: ModelSpec, views: list[OwnerView],
                  derived: dict[str, Any]) -> dict[str, Any]:
     """Keep the pre-staged revisions on every owner's node, and report ``status.stage``."""
     status = ctx.body.get("status") or {}
