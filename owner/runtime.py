@@ -233,9 +233,8 @@ class Owner:
             decision = pending.decision or ("abort", f"no commit within {pending.hold_seconds:g}s "
                                                      "of the prepare")
             pending.decision = decision
-            if decision[0] == "commit":
+            if decision[0] == "commit":   # _decide set the result back to running
                 status.committed_at = time.time()
-                status.result = "running"
                 return True
             status.reason = f"aborted: {decision[1]}; nothing changed, {status.from_} serves"
             return False
