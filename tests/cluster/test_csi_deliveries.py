@@ -168,9 +168,11 @@ def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(wor
         assert mountinfo.mount_at(w.target).read_only
         holders = {l.holder: l.digest for l in bridge.store.leases()}
         assert holders[f"delivery:{created['metadata']['uid']}"] == w.d2
-        events = w.core.list_namespaced_event(w.ns).items
-        assert any(e.reason == "DeliveryStaged" and e.involved_object.uid == created["metadata"]["uid"]
-                   and e.source.component == "resident-bridge" for e in events)
+        # The Event is posted after the status write, so it may trail it a little.
+        wait_for(lambda: any(e.reason == "DeliveryStaged" and e.involved_object.uid == created["metadata"]["uid"]
+                             and e.source.component == "resident-bridge"
+                             for e in w.core.list_namespaced_event(w.ns).items),
+                 what="a DeliveryStaged Event from resident-bridge")
 
         # A spec change (new generation) is staged again and moves the delivery's lease.
         w.custom.patch_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1", {"spec": {
@@ -188,7 +190,8 @@ def test_bundle_delivery_is_staged_with_correct_bytes_and_released_on_delete(wor
         holders = {l.holder for l in bridge.store.leases()}
         assert f"delivery:{created['metadata']['uid']}" not in holders and len(holders) == 1
         assert bridge.state.delivery(created["metadata"]["uid"]) is None
-        assert any(e.reason == "LeaseReleased" for e in w.core.list_namespaced_event(w.ns).items)
+        wait_for(lambda: any(e.reason == "LeaseReleased" for e in w.core.list_namespaced_event(w.ns).items),
+                 what="a LeaseReleased Event")
     finally:
         bridge.stop()
 
@@ -334,9 +337,10 @@ def test_a_failed_delivery_is_retried_with_backoff_until_the_source_returns(worl
         assert obj["status"]["attempts"] > st["attempts"] and "nextAttemptTime" not in obj["status"]
         assert obj["status"]["verified"] is True
         assert (w.target / "current" / "graph.onnx").read_bytes() == V2["graph.onnx"]
-        events = [e.reason for e in w.core.list_namespaced_event(w.ns).items
-                  if e.involved_object.name == "d1"]
-        assert "DeliveryFailed" in events and "DeliveryStaged" in events
+        def events() -> set[str]:
+            return {e.reason for e in w.core.list_namespaced_event(w.ns).items if e.involved_object.name == "d1"}
+        wait_for(lambda: {"DeliveryFailed", "DeliveryStaged"} <= events(),
+                 what="DeliveryFailed and DeliveryStaged Events")
         w.custom.delete_namespaced_custom_object(G, V, w.ns, "bundledeliveries", "d1")
         wait_for(lambda: get_delivery(w) is None, what="delivery deleted")
     finally:
@@ -454,8 +458,9 @@ def test_deliveries_across_namespaces_or_for_undeclared_revisions_are_refused(wo
             assert f"delivery:{uid}" not in {l.holder for l in bridge.store.leases()}
             assert os.readlink(w.target / "current") == "revisions/" + w.d1.replace(":", "-")
             assert not bridge.store.has_revision(w.d2)
-            assert any(e.reason == "DeliveryFailed" and e.involved_object.uid == uid
-                       for e in w.core.list_namespaced_event(ns).items)
+            wait_for(lambda: any(e.reason == "DeliveryFailed" and e.involved_object.uid == uid
+                                 for e in w.core.list_namespaced_event(ns).items),
+                     what=f"a DeliveryFailed Event in {ns}")
             w.custom.delete_namespaced_custom_object(G, V, ns, "bundledeliveries", "d1")
             wait_for(lambda: not [d for d in w.custom.list_namespaced_custom_object(
                 G, V, ns, "bundledeliveries")["items"]], what="the refused delivery deleted")
