@@ -159,7 +159,8 @@ class Publisher:
         try:
             self.store.acquire_lease(lease_holder(vdir), rec.digest)
             checkpoints.reached("publish:after-lease")
-            volumes.build(self.store, vdir, rec.digest)
+            # a publication made before (remount, repair) keeps the revision it switched to
+            volumes.build(self.store, vdir, rec.digest, keep_current=rec.state != "publishing")
         except BundleError as e:
             raise from_bundle_error(e, f"building the volume of {rec.digest}") from None
         except OSError as e:

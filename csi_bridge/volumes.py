@@ -89,11 +89,15 @@ def current_digest(volume: Path) -> str | None:
     return digest if DIGEST_RE.match(digest) and has_revision(volume, digest) else None
 
 
-def build(store, volume: Path, digest: str) -> None:
-    """Make ``volume`` hold ``digest`` as its current revision (idempotent)."""
+def build(store, volume: Path, digest: str, keep_current: bool = False) -> None:
+    """Make ``volume`` hold ``digest``, as its current revision (idempotent). With
+    ``keep_current`` (a volume published before, built again: a remount after a node
+    reboot), a ``current`` that points at a whole revision stays: the volume may have
+    switched since it was published, and the owner must come back on that revision."""
     Path(volume).mkdir(parents=True, exist_ok=True)
     link_revision(store, volume, digest)
-    if current_digest(volume) != digest:
+    current = current_digest(volume)
+    if current != digest and not (keep_current and current is not None):
         set_current(volume, digest)
 
 

@@ -28,13 +28,14 @@ def env(tmp_path):
                                  private_metrics=True)).start()
     target = tmp_path / "pod" / "mount"
     target.parent.mkdir()
+    env = type("Env", (), dict(tmp=tmp_path, d1=d1, d2=d2, bridge=bridge, target=target))
     try:
         with CsiClient(tmp_path / "csi.sock") as c:
             c.node.NodePublishVolume(publish_request("csi-1", target, d1, f"file://{tmp_path}/v1",
                                                      pod_uid="uid-1", model="m"))
-        yield type("Env", (), dict(tmp=tmp_path, d1=d1, d2=d2, bridge=bridge, target=target))
+        yield env
     finally:
-        bridge.stop()
+        env.bridge.stop()   # the one running at the end (a test may restart it)
         cleanup_mounts(tmp_path)
 
 
@@ -165,4 +166,26 @@ def test_releasing_a_pre_staged_revision_takes_it_out_of_the_volume(env):
     staging.stage(env.bridge, "uid-t", "team-a", "t", 1, spec(env, activate=False))
     assert staging.release(env.bridge, "uid-t", {"activate": False}) is True
     assert os.readlink(env.target / "current") == "revisions/" + rev
+    assert (env.target / "current" / "w.safetensors").read_bytes() == W2
+
+
+def test_a_remount_keeps_the_revision_the_volume_switched_to(env):
+    """A node reboot takes the bind mount away while the volume directory stays. The
+    kubelet publishes again (and a restarted bridge's reconcile remounts): the volume must
+    come back on the revision it had switched to, not on the one it was first published
+    with, or the owner would load a revision the model's status does not say."""
+    staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))
+    assert os.readlink(env.target / "current") == "revisions/" + env.d2.replace(":", "-")
+    cleanup_mounts(env.target)                        # the reboot: the mount is gone
+    with CsiClient(env.tmp / "csi.sock") as c:        # the kubelet publishes the Pod's volume again
+        c.node.NodePublishVolume(publish_request("csi-1", env.target, env.d1, f"file://{env.tmp}/v1",
+                                                 pod_uid="uid-1", model="m"))
+    assert mountinfo.mount_at(env.target).read_only
+    assert os.readlink(env.target / "current") == "revisions/" + env.d2.replace(":", "-")
+    assert (env.target / "current" / "w.safetensors").read_bytes() == W2
+
+    cleanup_mounts(env.target)                        # again, and this time the bridge restarts
+    env.bridge.stop()
+    env.bridge = Bridge(env.bridge.config).start()
+    assert mountinfo.mount_at(env.target).read_only   # its reconcile remounted the volume
     assert (env.target / "current" / "w.safetensors").read_bytes() == W2
