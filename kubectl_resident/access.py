@@ -4,13 +4,14 @@ The kubeconfig comes from ``--kubeconfig``, else ``KUBECONFIG`` (a list of files
 as kubectl merges them), else ``~/.kube/config``; ``--context`` picks a context, else the
 current one; the namespace is ``-n``, else the context's, else ``default``. Every failure
 becomes :class:`AccessError` with a message a human can act on: no kubeconfig, no API
-server, a model that is not there, a user without RBAC for ``residentmodels``, or a
-cluster without the CRD.
+server, a model that is not there, a user without RBAC for ``residentmodels``, a cluster
+without the CRD, a change the API server refuses, or one that raced another writer.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -65,8 +66,14 @@ def _explain(e: Exception, t: Target, verb: str) -> AccessError:
             return AccessError(f"the server has no {RESOURCE} resource: is Resident's CRD installed? "
                                f"(context {t.context!r})")
         if e.status == 403:
+            grants = "patch" if verb == "patch" else "get, list and watch"
             return AccessError(f"forbidden: you cannot {verb} {RESOURCE} in {where}; ask for a Role "
-                               f"granting get, list and watch on {RESOURCE} (server said: {_message(e)})")
+                               f"granting {grants} on {RESOURCE} (server said: {_message(e)})")
+        if e.status == 409:
+            return AccessError(f"residentmodel {t.name!r} changed after it was read (someone else wrote "
+                               f"it at the same time); nothing was written: run the command again")
+        if e.status == 422:
+            return AccessError(f"the API server refused the change: {_message(e)}")
         if e.status == 401:
             return AccessError(f"unauthorized: the API server refused the credentials of context {t.context!r}")
         return AccessError(f"the API server answered {e.status} {e.reason}: {_message(e)}")
@@ -105,6 +112,16 @@ def read_model(t: Target) -> dict[str, Any]:
         raise _explain(e, t, "get") from None
 
 
+def patch_model(t: Target, patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch of the model's spec; the ``resourceVersion`` it carries makes a
+    concurrent change a 409 (:class:`AccessError`) instead of a lost update."""
+    try:
+        return t.custom.patch_namespaced_custom_object(GROUP, VERSION, t.namespace, PLURAL, t.name, patch,
+                                                       _request_timeout=REQUEST_TIMEOUT)
+    except (ApiException, *NETWORK) as e:
+        raise _explain(e, t, "patch") from None
+
+
 def transition_events(t: Target, model: dict[str, Any]) -> list[dict[str, Any]]:
     """The Events on this model (by its UID, so not a deleted namesake's), each as
     ``{reason, message, count, time}``; [] when the user may not list Events (the history
@@ -129,16 +146,18 @@ def transition_events(t: Target, model: dict[str, Any]) -> list[dict[str, Any]]:
             for e in found.get("items") or []]
 
 
-def changes(t: Target, resource_version: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def changes(t: Target, resource_version: str, until: float | None = None
+            ) -> Iterator[tuple[str, dict[str, Any]]]:
     """The model's changes after ``resource_version``, as (type, model), for as long as the
-    caller reads; a watch the server ends is resumed, one that expired (410) starts from a
-    fresh read (yielded as MODIFIED)."""
+    caller reads (or, with ``until``, up to that ``time.monotonic()``); a watch the server
+    ends is resumed, one that expired (410) starts from a fresh read (yielded as MODIFIED)."""
     w = watch.Watch()
-    while True:
+    while until is None or time.monotonic() < until:
+        seconds = WATCH_SECONDS if until is None else max(1, min(WATCH_SECONDS, int(until - time.monotonic())))
         try:
             for event in w.stream(t.custom.list_namespaced_custom_object, GROUP, VERSION, t.namespace,
                                   PLURAL, field_selector=f"metadata.name={t.name}",
-                                  resource_version=resource_version, timeout_seconds=WATCH_SECONDS,
+                                  resource_version=resource_version, timeout_seconds=seconds,
                                   allow_watch_bookmarks=False):
                 obj = event["object"]
                 resource_version = obj["metadata"]["resourceVersion"]

@@ -183,3 +183,173 @@ def test_no_api_server_is_a_clear_error(cluster, tmp_path):
     assert done.returncode == 1
     assert done.stderr.startswith("error: cannot reach the API server of context 'resident-local' at "
                                   "https://127.0.0.1:1"), done.stderr
+
+
+# stage, switch, rollback: the plugin writes the spec; the test then writes the status as
+# the operator would, and a --wait run must follow it to the end.
+
+STAGED_SRC = "file:///srv/bundles/llm-v3"
+NEXT = "sha256:" + "c3" * 32
+
+
+def waiting(*args: str, kubeconfig: str) -> subprocess.Popen:
+    return subprocess.Popen(entry_point() + list(args), env=env(kubeconfig), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def spec_of(custom, namespace: str) -> dict:
+    return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "llm")["spec"]
+
+
+def until(probe, what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if probe():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"never: {what}")
+
+
+def write_status(custom, namespace: str, status: dict) -> None:
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "llm", {"status": status})
+
+
+def stage_status(states: list[str], cond: tuple[str, str, str]) -> dict:
+    return {"stage": {"digest": NEXT, "ready": f"{states.count('Staged')}/{len(states)}",
+                      "nodes": [{"node": f"node-{i}", "pod": f"llm-owner-{i}-1", "state": s}
+                                for i, s in enumerate(states)]},
+            "conditions": [{"type": "Staged", "status": cond[0], "reason": cond[1], "message": cond[2],
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+
+
+def test_stage_sets_spec_stage_and_wait_follows_every_node_until_staged(cluster, namespace, model, custom):
+    proc = waiting("stage", "llm", "-n", namespace, "--source", STAGED_SRC, "--digest", NEXT, "--wait",
+                   kubeconfig=cluster.kubeconfig)
+    try:
+        until(lambda: spec_of(custom, namespace).get("stage") == {"source": STAGED_SRC, "digest": NEXT},
+              "spec.stage written")
+        write_status(custom, namespace, stage_status(["Staged", "Staging"], ("False", "Staging", "1 of 2")))
+        time.sleep(0.5)
+        assert proc.poll() is None   # one node still stages: it waits
+        write_status(custom, namespace, stage_status(["Staged", "Staged"], ("True", "Staged", "all 2")))
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip() == f"residentmodel 'llm': {NEXT[:19]} staged on 2/2 owners' nodes"
+    assert "staging sha256:c3c3c3c3c3c3" in err and "2/2" in err   # the progress bar, on stderr
+
+    cleared = plugin("stage", "llm", "-n", namespace, "--clear", kubeconfig=cluster.kubeconfig)
+    assert cleared.returncode == 0, cleared.stderr
+    assert "stage" not in spec_of(custom, namespace)
+
+
+def test_stage_wait_ends_with_the_reason_when_a_node_fails(cluster, namespace, model, custom):
+    proc = waiting("stage", "llm", "-n", namespace, "--source", STAGED_SRC, "--digest", NEXT, "--wait",
+                   kubeconfig=cluster.kubeconfig)
+    try:
+        until(lambda: "stage" in spec_of(custom, namespace), "spec.stage written")
+        write_status(custom, namespace, stage_status(["Staged", "Failed"], (
+            "False", "StageFailed", "node node-1 (llm-owner-1-1): DigestMismatch: the bundle is sha256:0")))
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and out == ""
+    assert err.strip().endswith("error: node node-1 (llm-owner-1-1): DigestMismatch: the bundle is sha256:0")
+
+
+def test_switch_to_the_staged_revision_with_lockstep_waits_for_the_commit(cluster, namespace, model, custom):
+    write_status(custom, namespace, {"transition": None, "bundle": {"source": MODEL["spec"]["bundle"]["source"],
+                                                                    "digest": NEW}})
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "llm", {
+        "spec": {"stage": {"source": STAGED_SRC, "digest": NEXT}}})
+    write_status(custom, namespace, stage_status(["Staged", "Staged"], ("True", "Staged", "all 2")))
+    proc = waiting("switch", "llm", "-n", namespace, "--commit", "Lockstep", "--wait",
+                   kubeconfig=cluster.kubeconfig)
+    try:
+        until(lambda: spec_of(custom, namespace)["bundle"]["digest"] == NEXT, "spec.bundle written")
+        spec = spec_of(custom, namespace)
+        assert spec["bundle"] == {"source": STAGED_SRC, "digest": NEXT}
+        assert spec["transition"]["commit"] == "Lockstep"
+        write_status(custom, namespace, {"transition": {"id": "t-3", "from": NEW, "to": NEXT, "owners": [
+            {"slot": 0, "pod": "llm-owner-0-1", "step": "Prepared"}, {"slot": 1, "pod": "llm-owner-1-1",
+                                                                     "step": "Preparing"}]}})
+        time.sleep(0.5)
+        assert proc.poll() is None
+        write_status(custom, namespace, {
+            "transition": None, "bundle": {"source": STAGED_SRC, "digest": NEXT},
+            "owners": [{"pod": f"llm-owner-{i}-1", "slot": i, "identity": {"bundle": NEXT}} for i in (0, 1)],
+            "lastTransition": {"id": "t-3", "from": NEW, "to": NEXT, "result": "succeeded"}})
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip() == f"residentmodel 'llm': on {NEXT[:19]} (2/2 owners)"
+    assert "note:" not in err   # staged on every node: nothing to deliver
+
+    again = plugin("switch", "llm", "-n", namespace, kubeconfig=cluster.kubeconfig)
+    assert again.returncode == 0 and again.stdout.strip() == f"residentmodel 'llm': already on {NEXT[:19]}"
+
+
+def test_rollback_mid_switch_goes_back_to_the_committed_revision_and_reports_a_failure(
+        cluster, namespace, model, custom):
+    # the model fixture is mid-switch: OLD committed, NEW wanted
+    proc = waiting("rollback", "llm", "-n", namespace, "--wait", kubeconfig=cluster.kubeconfig)
+    try:
+        until(lambda: spec_of(custom, namespace)["bundle"]["digest"] == OLD, "spec.bundle back to OLD")
+        write_status(custom, namespace, {"transition": None, "lastTransition": {
+            "id": "t-3", "from": NEW, "to": OLD, "result": "failed", "reason": "Timeout",
+            "message": "owner llm-owner-1-1 took longer than 300s"}})
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and out == ""
+    assert err.strip().endswith(f"error: the transition to {OLD[:19]} failed: Timeout: owner llm-owner-1-1 "
+                                "took longer than 300s"), err
+
+
+def test_switch_without_a_staged_revision_and_a_bad_digest_are_refused_without_a_write(
+        cluster, namespace, model, custom):
+    before = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "llm")
+    done = plugin("switch", "llm", "-n", namespace, kubeconfig=cluster.kubeconfig)
+    assert done.returncode == 1 and done.stderr.startswith("error: no revision is staged (spec.stage)")
+    bad = plugin("stage", "llm", "-n", namespace, "--source", STAGED_SRC, "--digest", "sha256:short",
+                 kubeconfig=cluster.kubeconfig)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: the API server refused the change:"), bad.stderr
+    assert "spec.stage.digest" in bad.stderr
+    half = plugin("switch", "llm", "-n", namespace, "--source", STAGED_SRC, kubeconfig=cluster.kubeconfig)
+    assert half.returncode == 2 and "--source and --digest go together" in half.stderr
+    after = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "llm")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+def test_a_change_made_meanwhile_is_not_overwritten(cluster, namespace, model, custom):
+    from kubectl_resident import access, change
+    t = access.connect("llm", namespace, cluster.kubeconfig, None)
+    read = access.read_model(t)
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "llm", {
+        "spec": {"stage": {"source": STAGED_SRC, "digest": NEXT}}})   # someone else, in between
+    with pytest.raises(access.AccessError, match="changed after it was read .* nothing was written"):
+        access.patch_model(t, change.stage_patch(read, change.Revision(STAGED_SRC, OLD)))
+    assert spec_of(custom, namespace)["stage"]["digest"] == NEXT
+
+
+def test_a_reader_who_may_not_patch_is_told_which_verb_to_ask_for(cluster, namespace, model, tmp_path):
+    core = client.CoreV1Api(cluster.api_client())
+    rbac = client.RbacAuthorizationV1Api(cluster.api_client())
+    core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
+        metadata=client.V1ObjectMeta(name="reader")))
+    rbac.create_namespaced_role(namespace, client.V1Role(
+        metadata=client.V1ObjectMeta(name="reader"), rules=[client.V1PolicyRule(
+            api_groups=[GROUP], resources=[PLURAL], verbs=["get", "list", "watch"])]))
+    rbac.create_namespaced_role_binding(namespace, client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name="reader"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="reader"),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="reader", namespace=namespace)]))
+    path = str(tmp_path / "reader.kubeconfig")
+    cluster.write_kubeconfig(path, service_account_token(core, namespace, "reader"), "reader")
+    assert plugin("get", "llm", "-n", namespace, "--kubeconfig", path).returncode == 0
+    done = plugin("rollback", "llm", "-n", namespace, "--kubeconfig", path)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: forbidden: you cannot patch residentmodels.resident.dev in "
+                                  f"namespace {namespace!r}") and "granting patch on" in done.stderr, done.stderr

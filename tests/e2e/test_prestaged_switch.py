@@ -1,11 +1,28 @@
 """Pre-staged revisions on a real node (issue 26): kubelet, the bridge DaemonSet and the
 operator of the chart. The next revision is staged beside the live one while the owner
 serves the live one; the switch to it moves no byte, and so does the rollback to the
-revision kept staged after it (``spec.transition.keepPrevious``, the default)."""
+revision kept staged after it (``spec.transition.keepPrevious``, the default).
+
+The switch and the rollback are made as a user would: ``kubectl resident switch|rollback
+--wait``, the project's plugin found by kubectl on PATH."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from localcluster.scenario import GROUP, VERSION, condition, model_body
+
+
+def kubectl_resident(story, *args: str) -> subprocess.CompletedProcess:
+    """``kubectl resident ARGS -n NS``: kubectl runs ``kubectl-resident`` from PATH (this
+    venv's, where ``pip install`` put it), which reads the cluster from KUBECONFIG."""
+    env = {**os.environ, "KUBECONFIG": str(story.cluster.kubeconfig),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    return subprocess.run([str(story.cluster.bin_dir / "kubectl"), "resident", *args, story.name,
+                           "-n", story.namespace], env=env, text=True, capture_output=True, timeout=330)
 
 NAMESPACE = "e2e-stage"
 
@@ -25,8 +42,12 @@ def test_a_staged_revision_switches_and_rolls_back_without_delivery(world):
     assert row["state"] == "Staged" and row["bytes"]["fetched"] > 0, row
     assert story.generate("hello")["identity"]["bundle"] == a   # B waits beside A
 
-    last = story.transition({"bundle": {"source": url, "digest": b}})
-    assert last["result"] == "succeeded" and last["prestaged"] is True, last
+    switched = kubectl_resident(story, "switch", "--wait", "--timeout", "300")
+    assert switched.returncode == 0, switched.stderr
+    assert switched.stdout.strip() == f"residentmodel '{story.name}': on {b[:19]} (1/1 owners)"
+    assert "note:" not in switched.stderr   # staged on the one owner's node: nothing to deliver
+    last = story.get()["status"]["lastTransition"]
+    assert last["to"] == b and last["result"] == "succeeded" and last["prestaged"] is True, last
     assert last["bytes"]["fetched"] == 0 and last["durations"]["stagingSeconds"] == 0, last
     assert story.generate("hello")["identity"]["bundle"] == b
 
@@ -36,8 +57,10 @@ def test_a_staged_revision_switches_and_rolls_back_without_delivery(world):
             bd["spec"]["bundle"]["digest"] == a and bd["spec"].get("activate") is False
             and (bd.get("status") or {}).get("phase") == "Staged" for bd in deliveries["items"])
     story.wait("A kept staged", a_kept_staged)
-    back = story.transition({"bundle": {"source": url, "digest": a}})
-    assert back["result"] == "succeeded" and back["prestaged"] is True, back
+    rolled = kubectl_resident(story, "rollback", "--wait", "--timeout", "300")
+    assert rolled.returncode == 0, rolled.stderr
+    back = story.get()["status"]["lastTransition"]
+    assert back["to"] == a and back["result"] == "succeeded" and back["prestaged"] is True, back
     assert back["bytes"]["fetched"] == 0, back
     assert story.generate("hello")["identity"]["bundle"] == a
     story.delete_and_wait_gone()
