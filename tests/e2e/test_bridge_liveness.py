@@ -23,8 +23,9 @@ from polling import wait_for
 
 DRIVER = "bundles.resident.dev"
 BRIDGE_SELECTOR = "app.kubernetes.io/component=bridge"
-# kubelet's probe: 10 s initial delay, 5 failures 10 s apart; then the kill waits the Pod's
-# 30 s grace period, as a stopped process never acts on SIGTERM; then the restart
+# kubelet's probe: 10 s initial delay, 5 failures 10 s apart; then the kill waits the
+# probe's 5 s grace period (the Pod's 30 s is for a normal stop), as a stopped process never
+# acts on SIGTERM; then the restart
 RESTART_TIMEOUT = 240.0
 
 
@@ -92,6 +93,7 @@ def test_kubelet_restarts_a_frozen_bridge_and_the_driver_stays_registered(world)
     assert pod_ready(pod) and before.ready and driver_registered(storage, node)
     probe = next(c for c in pod.spec.containers if c.name == "bridge").liveness_probe
     assert probe.http_get.path == "/healthz"   # the bridge's own, not a sidecar's
+    assert probe.termination_grace_period_seconds == 5   # a hung bridge is killed soon, not after 30 s
     pid = container_pid(before.container_id)
 
     os.kill(pid, signal.SIGSTOP)
