@@ -17,12 +17,9 @@ changed, in ``finally``, for the tests that share the cluster after it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
@@ -30,6 +27,7 @@ import requests
 import yaml
 from kubernetes import client
 
+from localcluster.faults import container_id, frozen, restarts
 from localcluster.install import local_values
 from localcluster.scenario import BundleServer, condition
 from polling import wait_for
@@ -136,45 +134,6 @@ def wait_resolved(prom, name: str, timeout: float = 60.0, **labels: str) -> None
 
 def _active(prom) -> list[tuple[str, str]]:
     return [(a["labels"]["alertname"], a["state"]) for a in prom.alerts()]
-
-
-# -- faults ----------------------------------------------------------------------------
-def container_pids(container_id: str) -> list[int]:
-    """Host PIDs of every process of the container (its cgroup names the container)."""
-    cid = container_id.split("://", 1)[-1]
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if cid in (proc / "cgroup").read_text():
-                    pids.append(int(proc.name))
-            except OSError:
-                continue   # gone meanwhile
-    assert pids, f"no process of container {cid}"
-    return pids
-
-
-@contextlib.contextmanager
-def frozen(container_id: str):
-    """Every process of the container stopped (SIGSTOP) inside the block, and continued after
-    it, whatever happens: it keeps its connections and answers nothing, as a hung process."""
-    pids = container_pids(container_id)
-    try:
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-        yield pids
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
-def container_id(pod: client.V1Pod, name: str) -> str:
-    return next(s.container_id for s in pod.status.container_statuses if s.name == name)
-
-
-def restarts(pod: client.V1Pod, name: str) -> int:
-    return next(s.restart_count for s in pod.status.container_statuses if s.name == name)
 
 
 def bridge_pod(world) -> client.V1Pod:
