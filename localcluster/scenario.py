@@ -117,6 +117,10 @@ class BundleServer:
     def __exit__(self, *exc) -> None:
         self.processes.stop()
 
+    def outage(self, seconds: float) -> None:
+        """Stop the server for ``seconds`` (its port refuses), then start it again."""
+        self.processes.restart(f"bundle-server-{self.port}", down_seconds=seconds)
+
     def push(self, bundle_dir: Path) -> str:
         from bundle.sources import push
         return push(bundle_dir, self.local_url)

@@ -42,9 +42,10 @@ class ClosedLoop:
     """``clients`` threads, each sending a completion as soon as its last one is answered."""
 
     def __init__(self, address: str, model: str, clients: int = 4, max_tokens: int = 8,
-                 prompt: str = "Resident keeps models", api_key: str | None = None):
+                 prompt: str = "Resident keeps models", api_key: str | None = None, pause: float = 0.0):
         self.address = address        # "ip:port", the Service's ClusterIP
         self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+        self.pause = pause            # seconds a client waits after an answer before its next request
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.answers: list[Answer] = []
         self.backoff = 0.05     # after a 503 or a reset (Retry-After, only sooner)
@@ -75,6 +76,8 @@ class ClosedLoop:
                                     "" if resp.ok else resp.text[:200]))
                 if resp.status_code == 503:
                     time.sleep(self.backoff)
+                elif self.pause:
+                    self._stop.wait(self.pause)
             except requests.RequestException as e:
                 self._record(Answer(start, time.monotonic(), 0, error=f"{type(e).__name__}: {e}"))
                 time.sleep(self.backoff)

@@ -1,0 +1,534 @@
+"""A chaos soak (issue 31): models under load, switches at random and a seeded schedule of
+faults, for a set duration; then figures, and checks that nothing was lost or leaked.
+
+:class:`Soak` runs on a LocalCluster with Resident installed (its chart) and a bundle
+server that holds the demo revisions. It applies a few models in namespaces of their own
+(some with several replicas), and:
+
+- **load**: a closed loop of clients per model calls its Service all the time
+  (:class:`localcluster.traffic.ClosedLoop`);
+- **switches**: every few seconds a driver picks an idle model and changes it: a switch
+  (delivery and strategy Auto, a whole-bundle reload, a lockstep commit, a switch to a
+  revision it staged first), a rollback to the revision kept staged, or a scale change.
+  A failed switch is rolled back (``spec.bundle`` set to the committed revision), so every
+  model ends on a spec it can run;
+- **faults** from :func:`schedule`, one every ``gap`` seconds: an owner Pod deleted, an
+  owner hung (SIGSTOP, then SIGCONT), the bridge or the operator killed (SIGKILL: kubelet
+  starts them again), the bundle source stopped and started again, and with several nodes
+  a node powered off or cut from the network and brought back. The same seed gives the
+  same schedule and the same choices of the driver (:func:`schedule` and the driver's own
+  ``random.Random``), so a failure can be replayed.
+
+The record (:meth:`Soak.run`) keeps every fault with its times, every switch, every failed
+request with what it is attributed to, and the checks at the end; :func:`summarize`
+recomputes the figures from it alone. A failed request is attributed to a documented gap
+(see docs/chaos.md) or counted as a defect:
+
+- ``owner-lost``: it overlapped a fault that took away an owner of that model (hung, its
+  node down or cut; deleted, when it was the model's only owner): kube-proxy still sends
+  to an owner until its readiness probe fails or its Pod is gone;
+- ``reload-503``: a 503 with ``Retry-After`` from a one-replica model during its reload;
+- ``defect``: anything else.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kubernetes import client
+
+from . import faults
+from .scenario import GROUP, VERSION, Story, condition, model_body
+from .traffic import ClosedLoop
+
+ONE_NODE_FAULTS = ("owner-deleted", "owner-stalled", "bridge-killed", "operator-killed", "source-down")
+NODE_FAULTS = ("node-power-cut", "node-network-cut")
+MODEL_FAULTS = ("owner-deleted", "owner-stalled", *NODE_FAULTS)   # they take an owner away
+ACTIONS = {"auto": 3, "reload": 2, "staged": 2, "lockstep": 1, "rollback": 1, "scale": 1}   # weights
+SWITCH_LIMIT_SECONDS = 240.0   # a switch not done by then is stuck
+STAGE_WAIT_SECONDS = 60.0      # a staged switch switches after this even if not staged everywhere
+SETTLE_SECONDS = 300.0         # after the last fault: time for every switch to end and model to recover
+TICK_SECONDS = 0.5
+CLIENT_PAUSE_SECONDS = 0.05    # between a client's answer and its next request: load, not a busy loop
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float      # seconds after the soak began
+    kind: str
+    pick: int      # which target, modulo the candidates when it comes
+    hold: float    # seconds a held fault lasts (a hang, a source or node down)
+
+
+def schedule(seed: int, duration: float, kinds: tuple[str, ...], gap: tuple[float, float] = (10.0, 30.0),
+             hold: tuple[float, float] = (3.0, 10.0)) -> list[Fault]:
+    """The faults of a soak: one every ``gap`` seconds (uniform), each of a kind picked at
+    random, from ``seed`` alone."""
+    rng = random.Random(seed)
+    out, at = [], rng.uniform(*gap)
+    while at < duration:
+        out.append(Fault(round(at, 3), rng.choice(kinds), rng.randrange(1 << 30), round(rng.uniform(*hold), 3)))
+        at += rng.uniform(*gap)
+    return out
+
+
+@dataclass
+class Switch:
+    model: str            # namespace/name
+    action: str
+    start: float          # seconds after the soak began
+    to: str = ""          # target digest ("" for a scale change)
+    replicas: int = 0     # the model's replicas then (a scale change: those asked for)
+    before: str = ""      # lastTransition.id before the change
+    staged_at: float | None = None   # a staged switch: when spec.bundle was set
+    end: float | None = None
+    result: str = ""      # succeeded, failed-and-rolled-back, stuck
+    strategy: str = ""    # lastTransition's, once it ended
+    prestaged: bool = False
+    reason: str = ""
+
+
+@dataclass
+class Injected:
+    fault: Fault
+    target: str           # what it hit: a Pod, a node, the source
+    affects: list[str]    # models that lost an owner by it
+    start: float
+    sole: list[str] = field(default_factory=list)   # of those, models it left with no running owner
+    cleared: float | None = None
+    recovered: float | None = None
+    error: str = ""
+
+
+@dataclass
+class SoakModel:
+    story: Story
+    replicas: int
+    load: ClosedLoop | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.story.namespace}/{self.story.name}"
+
+
+class Soak:
+    def __init__(self, cluster, installation, server, revisions: list[str], seed: int, duration: float,
+                 models: int = 4, clients: int = 1, gap: tuple[float, float] = (10.0, 30.0),
+                 kinds: tuple[str, ...] | None = None, log: Callable[[str], None] = print):
+        self.cluster, self.installation, self.server = cluster, installation, server
+        self.revisions, self.seed, self.duration = revisions, seed, duration
+        self.clients, self.log = clients, log
+        several = len(cluster.nodes) > 1
+        self.kinds = kinds or (ONE_NODE_FAULTS + (NODE_FAULTS if several else ()))
+        self.plan = schedule(seed, duration, self.kinds, gap)
+        self.max_replicas = 3 if several else 2
+        self.models = [SoakModel(Story(cluster, f"soak-{i}", f"m{i}", installation.bridge_root), 1 + i % 2)
+                       for i in range(models)]
+        self.rng = random.Random(seed + 1)     # the driver's choices
+        self.switches: list[Switch] = []
+        self.injected: list[Injected] = []
+        self.t0 = 0.0
+        api = cluster.api_client()
+        self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+    # -- the run -----------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self._apply_models()
+        for m in self.models:
+            m.load = ClosedLoop(m.story.service_address(), m.story.name, clients=self.clients, max_tokens=4,
+                                pause=CLIENT_PAUSE_SECONDS)
+            m.load.__enter__()
+        self.t0 = time.monotonic()
+        self.log(f"soak: seed {self.seed}, {self.duration:.0f} s, {len(self.plan)} faults planned, "
+                 f"{len(self.models)} models")
+        chaos = threading.Thread(target=self._faults, name="soak-faults", daemon=True)
+        chaos.start()
+        try:
+            next_change = self.rng.uniform(2, 6)
+            while self.now() < self.duration:
+                states = self._read_models()
+                self._follow_switches(states)
+                self._follow_recovery(states)
+                if self.now() >= next_change:
+                    self._change(states)
+                    next_change = self.now() + self.rng.uniform(2, 6)
+                time.sleep(TICK_SECONDS)
+        finally:
+            self._stop.set()
+            chaos.join(120)
+        settled = self._settle()
+        end = self.now()
+        for m in self.models:
+            m.load.__exit__(None, None, None)
+        start_mono = self.t0
+        answers = {m.key: [(round(a.start - start_mono, 3), round(a.end - start_mono, 3), a.status,
+                            a.retry_after, a.error[:120]) for a in m.load.answers] for m in self.models}
+        return {"seed": self.seed, "duration_seconds": self.duration, "end_seconds": end,
+                "kinds": list(self.kinds), "nodes": [n.name for n in self.cluster.nodes],
+                "models": {m.key: {"replicas_at_end": m.replicas} for m in self.models},
+                "schedule": [asdict(f) for f in self.plan],
+                "faults": [asdict(i) for i in self.injected],
+                "switches": [asdict(s) for s in self.switches],
+                "requests": {k: {"sent": len(v), "failed": [a for a in v if a[2] != 200]}
+                             for k, v in answers.items()},
+                "settled": settled, "leaks": self.leaks(), "left_after_delete": self.remove()}
+
+    def _apply_models(self) -> None:
+        base = self.revisions[0]
+        for m in self.models:
+            self.cluster.kubectl("create", "namespace", m.story.namespace)
+            self.cluster.wait_for_service_account(m.story.namespace)
+            body = model_body(m.story.name, self.server.url, base)
+            body["spec"]["replicas"] = m.replicas
+            m.story.apply(body)
+        for m in self.models:
+            m.story.wait(f"{m.replicas}/{m.replicas} ready", lambda rm, r=m.replicas: (
+                (rm.get("status") or {}).get("ready") == f"{r}/{r}"
+                and (rm["status"].get("bundle") or {}).get("digest") == base), timeout=300)
+
+    def _read_models(self) -> dict[str, dict]:
+        out = {}
+        for m in self.models:
+            try:
+                out[m.key] = m.story.get()
+            except Exception as e:   # the API server may be briefly away: try again next tick
+                self.log(f"soak: reading {m.key}: {type(e).__name__}")
+        return out
+
+    # -- switches ----------------------------------------------------------------------
+    def _pending(self, key: str) -> Switch | None:
+        return next((s for s in self.switches if s.model == key and s.end is None), None)
+
+    def _change(self, states: dict[str, dict]) -> None:
+        m = self.models[self.rng.randrange(len(self.models))]
+        action = self.rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
+        target = self.rng.choice(self.revisions)
+        rm = states.get(m.key)
+        status = (rm or {}).get("status") or {}
+        if rm is None or self._pending(m.key) or status.get("transition") \
+                or (status.get("bundle") or {}).get("digest") != rm["spec"]["bundle"]["digest"]:
+            return   # busy: the draws are made anyway, so the sequence does not depend on timing
+        live = rm["spec"]["bundle"]["digest"]
+        before = (status.get("lastTransition") or {}).get("id") or ""
+        if action == "scale":
+            n = m.replicas + 1 if m.replicas < self.max_replicas and (m.replicas == 1 or self.rng.random() < 0.5) \
+                else m.replicas - 1
+            self._patch(m, {"replicas": n})
+            m.replicas = n
+            self.switches.append(Switch(m.key, action, self.now(), replicas=n, before=before))
+            return
+        if action == "rollback":
+            target = (status.get("previousBundle") or {}).get("digest") or target
+        if action == "lockstep" and m.replicas < 2:
+            action = "auto"
+        if target == live:
+            target = next(r for r in self.revisions if r != live)
+        if action == "staged":
+            self._patch(m, {"stage": {"source": self.server.url, "digest": target}})
+        else:
+            self._switch_spec(m, action, target)
+        self.switches.append(Switch(m.key, action, self.now(), to=target, replicas=m.replicas, before=before))
+
+    def _switch_spec(self, m: SoakModel, action: str, target: str, keep_stage: bool = False) -> None:
+        spec: dict[str, Any] = {
+            "bundle": {"source": self.server.url, "digest": target},
+            "delivery": {"mode": "WholeBundle" if action == "reload" else "Auto"},
+            "transition": {"strategy": "Reload" if action == "reload" else "Auto",
+                           "commit": "Lockstep" if action == "lockstep" else "Rolling"}}
+        if not keep_stage:
+            spec["stage"] = None
+        self._patch(m, spec)
+
+    def _patch(self, m: SoakModel, spec: dict) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, m.story.namespace, "residentmodels",
+                                                   m.story.name, {"spec": spec})
+
+    def _follow_switches(self, states: dict[str, dict]) -> None:
+        for s in [s for s in self.switches if s.end is None]:
+            rm = states.get(s.model)
+            if rm is None:
+                continue
+            m = next(m for m in self.models if m.key == s.model)
+            status = rm.get("status") or {}
+            if s.action == "scale":
+                if status.get("ready") == f"{s.replicas}/{s.replicas}":
+                    s.end, s.result = self.now(), "succeeded"
+                elif self.now() - s.start > SWITCH_LIMIT_SECONDS:
+                    s.end, s.result = self.now(), "stuck"
+                continue
+            if s.action == "staged" and s.staged_at is None:
+                staged = condition(rm, "Staged")
+                if (staged.get("status") == "True" and (status.get("stage") or {}).get("digest") == s.to) \
+                        or self.now() - s.start > STAGE_WAIT_SECONDS:
+                    self._switch_spec(m, s.action, s.to, keep_stage=True)
+                    s.staged_at = self.now()
+                continue
+            last = status.get("lastTransition") or {}
+            if (status.get("bundle") or {}).get("digest") == s.to and not status.get("transition"):
+                s.end, s.result = self.now(), "succeeded"
+                if last.get("to") == s.to:
+                    s.strategy, s.prestaged = last.get("strategy") or "", bool(last.get("prestaged"))
+            elif last.get("to") == s.to and last.get("id") != s.before and last.get("result") == "failed":
+                s.end, s.result = self.now(), "failed-and-rolled-back"
+                s.strategy, s.reason = last.get("strategy") or "", f"{last.get('reason')}: {last.get('message')}"
+                committed = (status.get("bundle") or {}).get("digest")
+                if committed:
+                    self._switch_spec(m, "auto", committed)
+            elif self.now() - s.start > SWITCH_LIMIT_SECONDS:
+                s.end, s.result = self.now(), "stuck"
+                s.reason = f"phase {status.get('phase')}, transition {bool(status.get('transition'))}"
+
+    # -- faults ------------------------------------------------------------------------
+    def _faults(self) -> None:
+        for f in self.plan:
+            while not self._stop.is_set() and self.now() < f.at:
+                time.sleep(0.1)
+            if self._stop.is_set():
+                return
+            self._inject(f)
+
+    def _inject(self, f: Fault) -> None:
+        record = Injected(f, target="", affects=[], start=self.now())
+        with self._lock:
+            self.injected.append(record)
+        try:
+            if f.kind in ("owner-deleted", "owner-stalled"):
+                pods = self._owner_pods()
+                pod, key = pods[f.pick % len(pods)]
+                record.target, record.affects = f"pod {pod.metadata.namespace}/{pod.metadata.name}", [key]
+                record.sole = [key] if sum(1 for _, k in pods if k == key) == 1 else []
+                self.log(f"soak {self.now():7.1f}s: {f.kind} {record.target}")
+                if f.kind == "owner-deleted":
+                    self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+                else:
+                    with faults.frozen(faults.container_id(pod, pod.spec.containers[0].name)):
+                        time.sleep(f.hold)
+            elif f.kind in ("bridge-killed", "operator-killed"):
+                component = f.kind.split("-")[0]
+                pods = [p for p in self.core.list_namespaced_pod(
+                    self.installation.namespace, label_selector=f"app.kubernetes.io/component={component}").items
+                        if p.status.container_statuses and p.status.phase == "Running"]
+                pods.sort(key=lambda p: p.metadata.name)
+                pod = pods[f.pick % len(pods)]
+                record.target = f"pod {pod.metadata.name} on {pod.spec.node_name}"
+                self.log(f"soak {self.now():7.1f}s: {f.kind} {record.target}")
+                faults.kill(faults.container_id(pod, component))
+            elif f.kind == "source-down":
+                record.target = "the bundle source"
+                self.log(f"soak {self.now():7.1f}s: source down for {f.hold:.1f} s")
+                self.server.outage(f.hold)
+            elif f.kind in NODE_FAULTS:
+                name = self.cluster.nodes[f.pick % len(self.cluster.nodes)].name
+                record.target = f"node {name}"
+                pods = self._owner_pods()
+                record.affects = sorted({key for pod, key in pods if pod.spec.node_name == name})
+                record.sole = [k for k in record.affects if all(p.spec.node_name == name for p, key in pods if key == k)]
+                self.log(f"soak {self.now():7.1f}s: {f.kind} {name} for {f.hold:.1f} s")
+                if f.kind == "node-power-cut":
+                    self.cluster.power_off(name)
+                    time.sleep(f.hold)
+                    self.cluster.power_on(name)
+                else:
+                    self.cluster.cut(name)
+                    time.sleep(f.hold)
+                    self.cluster.reconnect(name)
+        except Exception as e:    # a fault that could not be made is kept with its reason
+            record.error = f"{type(e).__name__}: {e}"[:300]
+            self.log(f"soak {self.now():7.1f}s: {f.kind} not made: {record.error}")
+        record.cleared = self.now()
+
+    def _owner_pods(self) -> list[tuple[client.V1Pod, str]]:
+        """(Pod, model) of every running owner, in a stable order."""
+        out = []
+        for m in self.models:
+            for p in sorted(m.story.owner_pods(), key=lambda p: p.metadata.name):
+                if p.metadata.deletion_timestamp is None and p.status.phase == "Running" \
+                        and p.status.container_statuses:
+                    out.append((p, m.key))
+        return out
+
+    def _full_strength(self, states: dict[str, dict], keys: list[str]) -> bool:
+        for m in self.models:
+            if keys and m.key not in keys:
+                continue
+            rm = states.get(m.key)
+            if rm is None or (rm.get("status") or {}).get("ready") != f"{m.replicas}/{m.replicas}":
+                return False
+        system = self.core.list_namespaced_pod(self.installation.namespace).items
+        return all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+                   for p in system if p.metadata.deletion_timestamp is None)
+
+    def _follow_recovery(self, states: dict[str, dict]) -> None:
+        with self._lock:
+            waiting = [i for i in self.injected if i.cleared is not None and i.recovered is None]
+        for i in waiting:
+            try:
+                if self._full_strength(states, i.affects):
+                    i.recovered = self.now()
+            except Exception:
+                pass   # the API server may be briefly away
+
+    # -- the end -----------------------------------------------------------------------
+    def _settle(self) -> dict[str, Any]:
+        """Wait for every switch to end and every model to be at full strength on its spec."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while time.monotonic() < deadline:
+            states = self._read_models()
+            self._follow_switches(states)
+            self._follow_recovery(states)
+            if not [s for s in self.switches if s.end is None] and all(
+                    _on_spec(states.get(m.key), m.replicas) for m in self.models):
+                return {"seconds": self.now(), "ok": True}
+            time.sleep(TICK_SECONDS)
+        states = self._read_models()
+        for s in self.switches:
+            if s.end is None:
+                s.end, s.result, s.reason = self.now(), "stuck", "not done when the soak ended"
+        return {"seconds": self.now(), "ok": False,
+                "models": {k: {"phase": (v.get("status") or {}).get("phase"),
+                               "ready": (v.get("status") or {}).get("ready")} for k, v in states.items()}}
+
+    def leaks(self) -> list[str]:
+        """What is left that should not be: Pods beyond the replicas, BundleDeliveries,
+        leases and publications of no live Pod or delivery, CSI mounts of no live Pod."""
+        found: list[str] = []
+        for m in self.models:
+            rm = m.story.get()
+            pods = m.story.owner_pods()
+            running = [p for p in pods if p.metadata.deletion_timestamp is None]
+            if not _on_spec(rm, m.replicas):
+                found.append(f"{m.key}: not Ready on its spec ({(rm.get('status') or {}).get('phase')}, "
+                             f"ready {(rm.get('status') or {}).get('ready')})")
+            if len(running) != m.replicas or len(pods) != len(running):
+                found.append(f"{m.key}: {len(running)} owner Pods for {m.replicas} replicas, "
+                             f"{len(pods) - len(running)} terminating")
+            for bd in self.custom.list_namespaced_custom_object(GROUP, VERSION, m.story.namespace,
+                                                                "bundledeliveries")["items"]:
+                if bd["spec"].get("podUID") not in {p.metadata.uid for p in running}:
+                    found.append(f"{m.key}: BundleDelivery {bd['metadata']['name']} of a Pod that is gone")
+        return found + self.node_leaks()
+
+    def node_leaks(self) -> list[str]:
+        """On every node: publications of a Pod that is gone, leases of no live volume or
+        BundleDelivery, CSI mounts of a Pod that is gone. Live means anywhere in the
+        cluster, not only the soak's: other models may share it."""
+        found: list[str] = []
+        live_pods = {p.metadata.uid for p in self.core.list_pod_for_all_namespaces().items
+                     if p.metadata.deletion_timestamp is None}
+        live_deliveries = {bd["metadata"]["uid"] for bd in self.custom.list_cluster_custom_object(
+            GROUP, VERSION, "bundledeliveries")["items"]}
+        for node in self.cluster.nodes:
+            root = node.host_path(self.installation.bridge_root)
+            pubs = _rows(root / "bridge.db", "SELECT target_path, volume_dir, pod_uid FROM publications")
+            volumes = {Path(v).name for _, v, _ in pubs}
+            for target, _, uid in pubs:
+                if uid not in live_pods:
+                    found.append(f"{node.name}: publication {target} of a Pod that is gone")
+            for holder, digest in _rows(root / "store" / "store.db", "SELECT holder, digest FROM leases"):
+                kind, _, name = holder.partition(":")
+                if (kind == "volume" and name not in volumes) or (kind == "delivery" and name not in live_deliveries):
+                    found.append(f"{node.name}: lease {holder} on {digest[:19]} of nothing live")
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4]
+            if "kubernetes.io~csi" in point and not any(uid in point for uid in live_pods):
+                found.append(f"CSI mount {point} of a Pod that is gone")
+        return found
+
+
+    def remove(self) -> list[str]:
+        """Delete the soak's models and namespaces; what is left of them after (API objects
+        in their namespaces, and what :meth:`node_leaks` finds)."""
+        for m in self.models:
+            m.story.delete_and_wait_gone()
+        left = []
+        for m in self.models:
+            for what, items in m.story.leftovers().items():
+                if what in ("pods", "bundleDeliveries", "services") and items:
+                    left.append(f"{m.key}: {what} {items} after the model was deleted")
+        left += self.node_leaks()
+        for m in self.models:
+            self.core.delete_namespace(m.story.namespace)
+        return left
+
+
+def _on_spec(rm: dict | None, replicas: int) -> bool:
+    status = (rm or {}).get("status") or {}
+    return bool(rm) and status.get("phase") == "Ready" and status.get("ready") == f"{replicas}/{replicas}" \
+        and (status.get("bundle") or {}).get("digest") == rm["spec"]["bundle"]["digest"] \
+        and not status.get("transition") and status.get("observedGeneration") == rm["metadata"]["generation"]
+
+
+def _rows(db: Path, query: str) -> list[tuple]:
+    if not db.exists():
+        return []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return list(conn.execute(query))
+
+
+# -- figures, from the record alone ---------------------------------------------------
+def attribute(raw: dict[str, Any], model: str, answer: list) -> str:
+    """What a failed request (start, end, status, retry_after, error) is put down to."""
+    start, end, status, retry_after = answer[0], answer[1], answer[2], answer[3]
+    for i in raw["faults"]:
+        # a deleted owner drains (it answers until no request came for a second), so only
+        # the deletion of a model's sole owner leaves its clients without an answer
+        if model not in (i["sole"] if i["fault"]["kind"] == "owner-deleted" else i["affects"]):
+            continue
+        until = i["recovered"] if i["recovered"] is not None else raw["end_seconds"]
+        if start <= until and end >= i["start"]:
+            return "owner-lost"
+    if status == 503 and retry_after:
+        for s in raw["switches"]:
+            if s["model"] == model and s["strategy"] == "Reload" and s["replicas"] == 1 \
+                    and s["end"] is not None and start <= s["end"] and end >= s["start"]:
+                return "reload-503"
+    return "defect"
+
+
+def _spread(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "median": None, "p95": None, "max": None}
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    return {"n": len(ordered), "median": round(statistics.median(ordered), 3), "p95": round(p95, 3),
+            "max": round(ordered[-1], 3)}
+
+
+def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    switches = raw["switches"]
+    results = {r: sum(1 for s in switches if s["result"] == r)
+               for r in ("succeeded", "failed-and-rolled-back", "stuck")}
+    failures: dict[str, int] = {"owner-lost": 0, "reload-503": 0, "defect": 0}
+    for model, r in raw["requests"].items():
+        for answer in r["failed"]:
+            failures[attribute(raw, model, answer)] += 1
+    recovery: dict[str, list[float]] = {}
+    for i in raw["faults"]:
+        if not i["error"] and i["recovered"] is not None:
+            recovery.setdefault(i["fault"]["kind"], []).append(i["recovered"] - i["start"])
+    made = [i for i in raw["faults"] if not i["error"]]
+    return {
+        "seed": raw["seed"], "duration_seconds": raw["duration_seconds"],
+        "faults": {"planned": len(raw["schedule"]), "made": len(made),
+                   "not_made": len(raw["faults"]) - len(made),
+                   "not_recovered": sum(1 for i in made if i["recovered"] is None),
+                   "by_kind": {k: sum(1 for i in made if i["fault"]["kind"] == k) for k in raw["kinds"]}},
+        "switches": {"attempted": len(switches), **results,
+                     "by_action": {a: sum(1 for s in switches if s["action"] == a) for a in ACTIONS}},
+        "requests": {"sent": sum(r["sent"] for r in raw["requests"].values()),
+                     "failed": sum(len(r["failed"]) for r in raw["requests"].values()), **failures},
+        "recovery_seconds": {k: _spread(v) for k, v in sorted(recovery.items())},
+        "settled": raw["settled"]["ok"], "leaks": len(raw["leaks"]) + len(raw["left_after_delete"]),
+    }

@@ -1,0 +1,78 @@
+"""The chaos soak's schedule and figures (localcluster.chaos): the same seed replays the
+same faults, and every failed request is put down to a documented gap or to a defect from
+the record alone."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from localcluster import chaos
+from localcluster.chaos import Fault, Injected, Switch
+
+KINDS = chaos.ONE_NODE_FAULTS
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():
+    one = chaos.schedule(31, 600, KINDS)
+    assert one == chaos.schedule(31, 600, KINDS)
+    assert one != chaos.schedule(32, 600, KINDS)
+    gaps = [b.at - a.at for a, b in zip(one, one[1:])]
+    assert all(10 <= g <= 30 for g in gaps) and 10 <= one[0].at <= 30 and one[-1].at < 600
+    assert {f.kind for f in one} <= set(KINDS) and len({f.kind for f in one}) > 1
+    assert all(3 <= f.hold <= 10 for f in one)
+
+
+def record(faults=(), switches=(), failed=()) -> dict:
+    return {"seed": 1, "duration_seconds": 100, "end_seconds": 150, "kinds": list(KINDS),
+            "models": {"ns/m": {"replicas_at_end": 2}}, "schedule": [asdict(i.fault) for i in faults],
+            "faults": [asdict(i) for i in faults], "switches": [asdict(s) for s in switches],
+            "requests": {"ns/m": {"sent": 500, "failed": [list(a) for a in failed]}},
+            "settled": {"ok": True, "seconds": 120}, "leaks": [], "left_after_delete": []}
+
+
+def injected(kind: str, start: float, recovered: float | None, affects=("ns/m",), sole=()) -> Injected:
+    return Injected(Fault(start, kind, 0, 5.0), target="x", affects=list(affects), start=start,
+                    sole=list(sole), cleared=start + 5, recovered=recovered)
+
+
+def test_a_failure_while_the_models_owner_hung_is_owner_lost_and_outside_it_a_defect():
+    raw = record([injected("owner-stalled", 10, 30)])
+    assert chaos.attribute(raw, "ns/m", [12, 13, 0, "", "ReadTimeout"]) == "owner-lost"
+    assert chaos.attribute(raw, "ns/m", [31, 32, 0, "", "refused"]) == "defect"
+    other = record([injected("owner-stalled", 10, 30, affects=("ns/other",))])
+    assert chaos.attribute(other, "ns/m", [12, 13, 0, "", "ReadTimeout"]) == "defect"
+
+
+def test_a_deleted_owner_is_a_gap_only_when_it_was_the_models_sole_owner():
+    drained = record([injected("owner-deleted", 10, 30)])                  # another owner served
+    assert chaos.attribute(drained, "ns/m", [12, 13, 0, "", "reset"]) == "defect"
+    sole = record([injected("owner-deleted", 10, 30, sole=("ns/m",))])
+    assert chaos.attribute(sole, "ns/m", [12, 13, 0, "", "refused"]) == "owner-lost"
+
+
+def test_a_503_with_retry_after_is_a_gap_only_in_a_one_replica_reload():
+    reload1 = Switch("ns/m", "reload", 20, to="sha256:b", replicas=1, end=25, result="succeeded", strategy="Reload")
+    assert chaos.attribute(record(switches=[reload1]), "ns/m", [21, 22, 503, "1", ""]) == "reload-503"
+    assert chaos.attribute(record(switches=[reload1]), "ns/m", [21, 22, 503, "", ""]) == "defect"
+    reload2 = Switch("ns/m", "reload", 20, to="sha256:b", replicas=2, end=25, result="succeeded", strategy="Reload")
+    assert chaos.attribute(record(switches=[reload2]), "ns/m", [21, 22, 503, "1", ""]) == "defect"
+    in_place = Switch("ns/m", "auto", 20, to="sha256:b", replicas=1, end=25, result="succeeded", strategy="InPlace")
+    assert chaos.attribute(record(switches=[in_place]), "ns/m", [21, 22, 503, "1", ""]) == "defect"
+
+
+def test_the_summary_counts_switches_failures_recovery_and_leaks_from_the_record():
+    faults = [injected("bridge-killed", 10, 14, affects=()), injected("bridge-killed", 40, 50, affects=()),
+              injected("owner-stalled", 60, 70)]
+    faults.append(Injected(Fault(80, "source-down", 0, 4), "src", [], 80, error="RuntimeError: x"))
+    switches = [Switch("ns/m", "auto", 5, to="a", end=7, result="succeeded"),
+                Switch("ns/m", "staged", 20, to="b", end=30, result="failed-and-rolled-back"),
+                Switch("ns/m", "scale", 90, replicas=3, end=150, result="stuck")]
+    raw = record(faults, switches, failed=[(61, 62, 0, "", "t"), (100, 101, 0, "", "refused")])
+    raw["leaks"] = ["node-0: lease delivery:x on sha256:0 of nothing live"]
+    s = chaos.summarize(raw)
+    assert s["switches"]["attempted"] == 3 and s["switches"]["succeeded"] == 1
+    assert s["switches"]["failed-and-rolled-back"] == 1 and s["switches"]["stuck"] == 1
+    assert s["requests"] == {"sent": 500, "failed": 2, "owner-lost": 1, "reload-503": 0, "defect": 1}
+    assert s["recovery_seconds"]["bridge-killed"] == {"n": 2, "median": 7.0, "p95": 10.0, "max": 10.0}
+    assert s["faults"]["made"] == 3 and s["faults"]["not_made"] == 1
+    assert s["leaks"] == 1 and s["settled"] is True
