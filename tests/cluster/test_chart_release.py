@@ -291,7 +291,7 @@ def test_install_upgrade_uninstall(cluster, namespace, helm):
 
 
 PROBE_TIMINGS = {"initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 3,
-                 "failureThreshold": 5}
+                 "failureThreshold": 5, "terminationGracePeriodSeconds": 5}
 
 
 def rendered_bridge(helm, bridge_values: dict) -> dict:
