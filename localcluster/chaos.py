@@ -34,7 +34,6 @@ recomputes the figures from it alone. A failed request is attributed to a docume
 from __future__ import annotations
 
 import random
-import sqlite3
 import statistics
 import threading
 import time
@@ -45,12 +44,11 @@ from typing import Any, Callable
 from kubernetes import client
 
 from . import faults
-from .scenario import GROUP, VERSION, Story, condition, model_body
+from .scenario import GROUP, VERSION, Story, condition, db_rows, model_body
 from .traffic import ClosedLoop
 
 ONE_NODE_FAULTS = ("owner-deleted", "owner-stalled", "bridge-killed", "operator-killed", "source-down")
 NODE_FAULTS = ("node-power-cut", "node-network-cut")
-MODEL_FAULTS = ("owner-deleted", "owner-stalled", *NODE_FAULTS)   # they take an owner away
 ACTIONS = {"auto": 3, "reload": 2, "staged": 2, "lockstep": 1, "rollback": 1, "scale": 1}   # weights
 SWITCH_LIMIT_SECONDS = 240.0   # a switch not done by then is stuck
 STAGE_WAIT_SECONDS = 60.0      # a staged switch switches after this even if not staged everywhere
@@ -172,8 +170,7 @@ class Soak:
         end = self.now()
         for m in self.models:
             m.load.__exit__(None, None, None)
-        start_mono = self.t0
-        answers = {m.key: [(round(a.start - start_mono, 3), round(a.end - start_mono, 3), a.status,
+        answers = {m.key: [(round(a.start - self.t0, 3), round(a.end - self.t0, 3), a.status,
                             a.retry_after, a.error[:120]) for a in m.load.answers] for m in self.models}
         return {"seed": self.seed, "duration_seconds": self.duration, "end_seconds": end,
                 "kinds": list(self.kinds), "nodes": [n.name for n in self.cluster.nodes],
@@ -431,12 +428,12 @@ class Soak:
             GROUP, VERSION, "bundledeliveries")["items"]}
         for node in self.cluster.nodes:
             root = node.host_path(self.installation.bridge_root)
-            pubs = _rows(root / "bridge.db", "SELECT target_path, volume_dir, pod_uid FROM publications")
+            pubs = db_rows(root / "bridge.db", "SELECT target_path, volume_dir, pod_uid FROM publications")
             volumes = {Path(v).name for _, v, _ in pubs}
             for target, _, uid in pubs:
                 if uid not in live_pods:
                     found.append(f"{node.name}: publication {target} of a Pod that is gone")
-            for holder, digest in _rows(root / "store" / "store.db", "SELECT holder, digest FROM leases"):
+            for holder, digest in db_rows(root / "store" / "store.db", "SELECT holder, digest FROM leases"):
                 kind, _, name = holder.partition(":")
                 if (kind == "volume" and name not in volumes) or (kind == "delivery" and name not in live_deliveries):
                     found.append(f"{node.name}: lease {holder} on {digest[:19]} of nothing live")
@@ -468,13 +465,6 @@ def _on_spec(rm: dict | None, replicas: int) -> bool:
     return bool(rm) and status.get("phase") == "Ready" and status.get("ready") == f"{replicas}/{replicas}" \
         and (status.get("bundle") or {}).get("digest") == rm["spec"]["bundle"]["digest"] \
         and not status.get("transition") and status.get("observedGeneration") == rm["metadata"]["generation"]
-
-
-def _rows(db: Path, query: str) -> list[tuple]:
-    if not db.exists():
-        return []
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return list(conn.execute(query))
 
 
 # -- figures, from the record alone ---------------------------------------------------

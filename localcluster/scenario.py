@@ -283,17 +283,21 @@ def pod_log(core: client.CoreV1Api, name: str, namespace: str) -> str:
     return core.read_namespaced_pod_log(name, namespace, _preload_content=False).data.decode()
 
 
+def db_rows(db: Path, query: str) -> list[list]:
+    """The rows ``query`` returns from one of the bridge's SQLite databases, read-only; []
+    when the database is not there yet."""
+    if not db.exists():
+        return []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return [list(r) for r in conn.execute(query)]
+
+
 def node_state(root: Path) -> dict[str, list]:
     """Leases and publications in the bridge's databases, and CSI mounts on the node."""
-    def rows(db: Path, query: str) -> list:
-        if not db.exists():
-            return []
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            return [list(r) for r in conn.execute(query)]
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if "kubernetes.io~csi" in line.split()[4]]
-    return {"leases": rows(root / "store" / "store.db", "SELECT holder, digest FROM leases"),
-            "publications": rows(root / "bridge.db", "SELECT target_path, state FROM publications"),
+    return {"leases": db_rows(root / "store" / "store.db", "SELECT holder, digest FROM leases"),
+            "publications": db_rows(root / "bridge.db", "SELECT target_path, state FROM publications"),
             "csiMounts": mounts}
 
 
