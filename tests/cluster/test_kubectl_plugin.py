@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client
 
 from chart_accounts import service_account_token
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "resident.dev", "v1alpha1", "residentmodels"
@@ -201,15 +202,6 @@ def spec_of(custom, namespace: str) -> dict:
     return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "llm")["spec"]
 
 
-def until(probe, what: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if probe():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"never: {what}")
-
-
 def write_status(custom, namespace: str, status: dict) -> None:
     custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "llm", {"status": status})
 
@@ -226,8 +218,8 @@ def test_stage_sets_spec_stage_and_wait_follows_every_node_until_staged(cluster,
     proc = waiting("stage", "llm", "-n", namespace, "--source", STAGED_SRC, "--digest", NEXT, "--wait",
                    kubeconfig=cluster.kubeconfig)
     try:
-        until(lambda: spec_of(custom, namespace).get("stage") == {"source": STAGED_SRC, "digest": NEXT},
-              "spec.stage written")
+        wait_for(lambda: spec_of(custom, namespace).get("stage") == {"source": STAGED_SRC, "digest": NEXT},
+                 timeout=15, what="spec.stage written", every=0.1)
         write_status(custom, namespace, stage_status(["Staged", "Staging"], ("False", "Staging", "1 of 2")))
         time.sleep(0.5)
         assert proc.poll() is None   # one node still stages: it waits
@@ -248,7 +240,7 @@ def test_stage_wait_ends_with_the_reason_when_a_node_fails(cluster, namespace, m
     proc = waiting("stage", "llm", "-n", namespace, "--source", STAGED_SRC, "--digest", NEXT, "--wait",
                    kubeconfig=cluster.kubeconfig)
     try:
-        until(lambda: "stage" in spec_of(custom, namespace), "spec.stage written")
+        wait_for(lambda: "stage" in spec_of(custom, namespace), timeout=15, what="spec.stage written", every=0.1)
         write_status(custom, namespace, stage_status(["Staged", "Failed"], (
             "False", "StageFailed", "node node-1 (llm-owner-1-1): DigestMismatch: the bundle is sha256:0")))
         out, err = proc.communicate(timeout=15)
@@ -267,7 +259,8 @@ def test_switch_to_the_staged_revision_with_lockstep_waits_for_the_commit(cluste
     proc = waiting("switch", "llm", "-n", namespace, "--commit", "Lockstep", "--wait",
                    kubeconfig=cluster.kubeconfig)
     try:
-        until(lambda: spec_of(custom, namespace)["bundle"]["digest"] == NEXT, "spec.bundle written")
+        wait_for(lambda: spec_of(custom, namespace)["bundle"]["digest"] == NEXT, timeout=15,
+                 what="spec.bundle written", every=0.1)
         spec = spec_of(custom, namespace)
         assert spec["bundle"] == {"source": STAGED_SRC, "digest": NEXT}
         assert spec["transition"]["commit"] == "Lockstep"
@@ -296,7 +289,8 @@ def test_rollback_mid_switch_goes_back_to_the_committed_revision_and_reports_a_f
     # the model fixture is mid-switch: OLD committed, NEW wanted
     proc = waiting("rollback", "llm", "-n", namespace, "--wait", kubeconfig=cluster.kubeconfig)
     try:
-        until(lambda: spec_of(custom, namespace)["bundle"]["digest"] == OLD, "spec.bundle back to OLD")
+        wait_for(lambda: spec_of(custom, namespace)["bundle"]["digest"] == OLD, timeout=15,
+                 what="spec.bundle back to OLD", every=0.1)
         write_status(custom, namespace, {"transition": None, "lastTransition": {
             "id": "t-3", "from": NEW, "to": OLD, "result": "failed", "reason": "Timeout",
             "message": "owner llm-owner-1-1 took longer than 300s"}})
