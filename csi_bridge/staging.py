@@ -9,7 +9,9 @@ Staging, in order, each step repeatable:
 
 1. find the Pod's published volume (by Pod UID, and model when given), and authorize the
    delivery like a publish: its namespace must be the Pod's, and a ResidentModel there
-   must declare the revision (the bridge's authorizer); a refusal takes no lease;
+   must declare the revision (the bridge's authorizer); a refusal takes no lease. A
+   demotion (``activate: false`` on the revision the delivery already holds) is not
+   authorized again: it makes nothing new readable;
 2. record the delivery ``staging`` and take its lease (holder ``delivery:<uid>``);
 3. materialize X in the store by the requested path, with the donor if the store has it
    (the store reports the method used and any fallback, e.g. rebase refused under
@@ -117,7 +119,13 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
     """Stage ``spec`` for delivery ``uid``; return the status to report (phase Staged)."""
     store, state = bridge.store, bridge.state
     pub = find_volume(state, spec)
-    authorize(bridge, namespace, spec, pub)
+    held = {l.holder: l.digest for l in store.leases()}.get(delivery_holder(uid))
+    if spec.activate or held != spec.bundle.digest:
+        # A demotion (``activate: false`` on the revision this delivery already holds, the
+        # revision a switch just left) gives the Pod nothing new, so it is not authorized
+        # again: the model may not list it yet (the operator writes ``previousBundle``
+        # after it demotes), and a refusal would fail the rollback's delivery.
+        authorize(bridge, namespace, spec, pub)
     credentials = bridge.publisher.credentials
     if reads_credentials(spec.bundle.source) and not credentials.known(pub.target_path):
         raise NotYet(f"the credentials of Pod {spec.pod_name}'s volume are not known since the "
@@ -133,7 +141,6 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         state.put_delivery(Delivery(uid=uid, namespace=namespace, name=name,
                                     target_path=pub.target_path, digest=digest,
                                     generation=generation, state="staging"))
-        held = {l.holder: l.digest for l in store.leases()}.get(delivery_holder(uid))
         if held is not None and held != digest:
             # The delivery's spec changed (a new generation): its lease moves to the new revision.
             store.release_lease(delivery_holder(uid))

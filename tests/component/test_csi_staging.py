@@ -152,6 +152,26 @@ def test_a_pre_staged_revision_leaves_current_alone_until_activated(env):
     assert os.readlink(env.target / "current") == rev(env.d2)
 
 
+def test_a_demoted_revision_is_not_authorized_again_but_a_new_one_is(env, tmp_path):
+    """After a switch the operator demotes the delivery of the revision it left (``activate:
+    false``, kept for a rollback) before its status names it ``previousBundle``. The
+    chaos soak (seed 31) saw the bridge refuse that demotion as NotAuthorized; the
+    delivery stayed Failed, and the next switch back to the revision failed on it."""
+    staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))      # the switch to v2
+    policy = tmp_path / "policy.json"   # the model declares neither revision at this moment
+    policy.write_text('{"team-a": []}')
+    env.bridge.authorizer = StaticPolicy(policy)
+    st = staging.stage(env.bridge, "uid-d", "team-a", "d", 2, spec(env, activate=False))
+    assert st["phase"] == "Staged" and st["bytes"]["fetched"] == 0
+    # a revision the delivery does not hold yet is authorized as before, even not activated
+    with pytest.raises(staging.StageFailed) as e:
+        staging.stage(env.bridge, "uid-s", "team-a", "s", 1, spec(env, activate=False))
+    assert e.value.reason == "NotAuthorized"
+    # and so is activating one (a switch back to it)
+    with pytest.raises(staging.StageFailed):
+        staging.stage(env.bridge, "uid-d", "team-a", "d", 3, spec(env))
+
+
 def test_releasing_a_pre_staged_revision_takes_it_out_of_the_volume(env):
     rev = env.d2.replace(":", "-")
     staging.stage(env.bridge, "uid-s", "team-a", "s", 1, spec(env, activate=False))
