@@ -239,6 +239,10 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
     d = obs.delivery
     if d is None:
         return Decision(p, [Action.create_delivery])
+    if not d.current and not d.staged:
+        # the bridge has not answered this generation yet: a Failed status is an earlier
+        # one's (a kept revision the switch just activated again), not this switch's
+        return Decision(p)
     if d.failed or d.retrying:  # retrying: the bridge tries again, the model says why meanwhile
         why = f"delivery {p.delivery} failed: {d.reason or 'no reason'} {d.message}".strip()
         return (Decision(p.model_copy(update={"reason": "DeliveryFailed", "message": why}))

@@ -257,6 +257,19 @@ def test_a_retrying_delivery_keeps_the_owner_delivering_and_says_why():
     assert "no space" in late.progress.message and "within 600s" in late.progress.message
 
 
+def test_a_failed_status_of_an_earlier_generation_is_not_this_switchs_failure():
+    """A switch back to a kept revision activates its delivery (a new generation); until the
+    bridge answers it, the status is the earlier generation's. The chaos soak (seed 31)
+    saw a switch fail in 0.5 s on such a stale Failed."""
+    t = state()
+    p = t.owners[0].model_copy(update={"step": Step.delivering, "delivery": "bd", "started_at": 100.0})
+    stale = DeliveryObservation(phase="Failed", reason="NotAuthorized", current=False)
+    d = step(t, p, healthy(delivery=stale))
+    assert d.progress.step == Step.delivering and d.actions == []
+    answered = DeliveryObservation(phase="Failed", reason="NotAuthorized", current=True)
+    assert step(t, p, healthy(delivery=answered)).progress.step == Step.failed
+
+
 def test_a_prestaged_owner_applies_at_once_and_is_done_once_current_has_moved():
     t = state()
     p = step(t, t.owners[0], healthy()).progress.model_copy(update={"delivery": "bd", "prestaged": True})
