@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import requests
 from kubernetes import client
 
 from . import faults
@@ -361,11 +362,31 @@ class Soak:
             if keys and m.key not in keys:
                 continue
             rm = states.get(m.key)
-            if rm is None or (rm.get("status") or {}).get("ready") != f"{m.replicas}/{m.replicas}":
+            if rm is None or (rm.get("status") or {}).get("ready") != f"{m.replicas}/{m.replicas}" \
+                    or not self._every_owner_answers(m):
                 return False
         system = self.core.list_namespaced_pod(self.installation.namespace).items
         return all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
                    for p in system if p.metadata.deletion_timestamp is None)
+
+    def _every_owner_answers(self, m: SoakModel) -> bool:
+        """Each of the model's owners answers its readiness path itself, at its Pod IP. The
+        API server's word is not enough: after a node's power cut shorter than the node
+        monitor's grace period, it says Ready of the node's owners until the restarted
+        kubelet reports them, while their Pod IP refuses every connection."""
+        pods = [p for p in m.story.owner_pods() if p.metadata.deletion_timestamp is None]
+        if len(pods) != m.replicas:
+            return False
+        for p in pods:
+            port = next((c.container_port for c in p.spec.containers[0].ports or [] if c.name == "control"), None)
+            if not p.status.pod_ip or port is None:
+                return False
+            try:
+                if requests.get(f"http://{p.status.pod_ip}:{port}/readyz", timeout=1.0).status_code != 200:
+                    return False
+            except requests.RequestException:
+                return False
+        return True
 
     def _follow_recovery(self, states: dict[str, dict]) -> None:
         with self._lock:
