@@ -14,8 +14,10 @@ server that holds the demo revisions. It applies a few models in namespaces of t
   model ends on a spec it can run;
 - **faults** from :func:`schedule`, one every ``gap`` seconds: an owner Pod deleted, an
   owner hung (SIGSTOP, then SIGCONT), the bridge or the operator killed (SIGKILL: kubelet
-  starts them again), the bundle source stopped and started again, and with several nodes
-  a node powered off or cut from the network and brought back. The same seed gives the
+  starts them again), a node's kubelet or containerd killed and started again after a
+  while (as a service manager would), kube-apiserver or etcd killed and started again,
+  the bundle source stopped and started again, and with several nodes a node powered off
+  or cut from the network and brought back. The same seed gives the
   same schedule and the same choices of the driver (:func:`schedule` and the driver's own
   ``random.Random``), so a failure can be replayed.
 
@@ -34,6 +36,7 @@ recomputes the figures from it alone. A failed request is attributed to a docume
 from __future__ import annotations
 
 import random
+import signal
 import statistics
 import threading
 import time
@@ -48,8 +51,10 @@ from . import faults
 from .scenario import GROUP, VERSION, Story, condition, db_rows, model_body
 from .traffic import ClosedLoop
 
-ONE_NODE_FAULTS = ("owner-deleted", "owner-stalled", "bridge-killed", "operator-killed", "source-down")
+ONE_NODE_FAULTS = ("owner-deleted", "owner-stalled", "bridge-killed", "operator-killed", "source-down",
+                   "kubelet-killed", "containerd-killed", "apiserver-killed", "etcd-killed")
 NODE_FAULTS = ("node-power-cut", "node-network-cut")
+CONTROL_PLANE_FAULTS = ("apiserver-killed", "etcd-killed")   # no recovery target: reported only
 ACTIONS = {"auto": 3, "reload": 2, "staged": 2, "lockstep": 1, "rollback": 1, "scale": 1}   # weights
 SWITCH_LIMIT_SECONDS = 240.0   # a switch not done by then is stuck
 STAGE_WAIT_SECONDS = 60.0      # a staged switch switches after this even if not staged everywhere
@@ -158,11 +163,14 @@ class Soak:
             next_change = self.rng.uniform(2, 6)
             while self.now() < self.duration:
                 states = self._read_models()
-                self._follow_switches(states)
-                self._follow_recovery(states)
-                if self.now() >= next_change:
-                    self._change(states)
-                    next_change = self.now() + self.rng.uniform(2, 6)
+                try:
+                    self._follow_switches(states)
+                    self._follow_recovery(states)
+                    if self.now() >= next_change:
+                        next_change = self.now() + self.rng.uniform(2, 6)
+                        self._change(states)
+                except Exception as e:   # the API server may be away (a fault): next tick
+                    self.log(f"soak {self.now():7.1f}s: driver: {type(e).__name__}: {str(e)[:120]}")
                 time.sleep(TICK_SECONDS)
         finally:
             self._stop.set()
@@ -202,7 +210,8 @@ class Soak:
             try:
                 out[m.key] = m.story.get()
             except Exception as e:   # the API server may be briefly away: try again next tick
-                self.log(f"soak: reading {m.key}: {type(e).__name__}")
+                self.log(f"soak {self.now():7.1f}s: reading {m.key}: {type(e).__name__}")
+                break
         return out
 
     # -- switches ----------------------------------------------------------------------
@@ -323,6 +332,21 @@ class Soak:
                 record.target = f"pod {pod.metadata.name} on {pod.spec.node_name}"
                 self.log(f"soak {self.now():7.1f}s: {f.kind} {record.target}")
                 faults.kill(faults.container_id(pod, component))
+            elif f.kind in ("kubelet-killed", "containerd-killed"):
+                node = self.cluster.nodes[f.pick % len(self.cluster.nodes)]
+                record.target = f"node {node.name}"
+                self.log(f"soak {self.now():7.1f}s: {f.kind} on {node.name}, back after {f.hold:.1f} s")
+                if f.kind == "kubelet-killed":
+                    node.restart_kubelet(f.hold)
+                else:
+                    node.containerd.restart(f.hold)
+            elif f.kind in CONTROL_PLANE_FAULTS:
+                record.target = "kube-apiserver" if f.kind == "apiserver-killed" else "etcd"
+                self.log(f"soak {self.now():7.1f}s: {f.kind}, back after {f.hold:.1f} s")
+                if f.kind == "apiserver-killed":
+                    self.cluster.restart_apiserver(f.hold, sig=signal.SIGKILL)
+                else:
+                    self.cluster.restart_etcd(f.hold)
             elif f.kind == "source-down":
                 record.target = "the bundle source"
                 self.log(f"soak {self.now():7.1f}s: source down for {f.hold:.1f} s")
@@ -348,12 +372,14 @@ class Soak:
         record.cleared = self.now()
 
     def _owner_pods(self) -> list[tuple[client.V1Pod, str]]:
-        """(Pod, model) of every running owner, in a stable order."""
+        """(Pod, model) of every owner whose containers run (a restarting one has no
+        container to stop yet), in a stable order."""
         out = []
         for m in self.models:
             for p in sorted(m.story.owner_pods(), key=lambda p: p.metadata.name):
                 if p.metadata.deletion_timestamp is None and p.status.phase == "Running" \
-                        and p.status.container_statuses:
+                        and p.status.container_statuses and all(
+                            c.container_id and c.state and c.state.running for c in p.status.container_statuses):
                     out.append((p, m.key))
         return out
 

@@ -27,6 +27,7 @@ network and reconnect it (:meth:`localcluster.network.ClusterNetwork.cut`).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -138,6 +139,11 @@ class ClusterNode:
     def processes_alive(self) -> None:
         for group in (self.runtime_processes, self.kubelet_processes):
             group.check_alive()
+
+    def restart_kubelet(self, down_seconds: float = 0.0) -> None:
+        """Kill kubelet (SIGKILL, as a crash would), wait ``down_seconds``, start it again:
+        what a service manager does. The node's containers run on meanwhile."""
+        self.kubelet_processes.restart("kubelet", down_seconds, signal.SIGKILL)
 
     # -- stopping ------------------------------------------------------------------------
     def stop_kubelet(self) -> None:

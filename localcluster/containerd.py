@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -139,6 +140,15 @@ class Containerd:
         env = dict(os.environ, PATH=f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         self.proc = self.processes.start("containerd", [*self.enter, str(self.bin_dir / "containerd"),
                                                         "--config", str(config)], env=env)
+        self._await_answer(timeout)
+
+    def restart(self, down_seconds: float = 0.0, timeout: float = 30.0) -> None:
+        """Kill the daemon (SIGKILL, as a crash would), wait ``down_seconds`` and start it
+        again with the same configuration. Its shims, and so the containers, run on."""
+        self.proc = self.processes.restart("containerd", down_seconds, signal.SIGKILL)
+        self._await_answer(timeout)
+
+    def _await_answer(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while self.ctr("version", check=False).returncode != 0:
             self.processes.check_alive()

@@ -27,6 +27,7 @@ import base64
 import logging
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
 import tempfile
@@ -136,10 +137,17 @@ class ControlPlane:
         self.processes.stop()
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
-    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 60.0) -> None:
-        """Stop kube-apiserver (every watch on it breaks), wait ``down_seconds``, start it
-        again on the same port and state, and wait until it serves."""
-        self.processes.restart("kube-apiserver", down_seconds)
+    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 60.0,
+                          sig: int = signal.SIGTERM) -> None:
+        """Stop kube-apiserver (``sig``; every watch on it breaks), wait ``down_seconds``,
+        start it again on the same port and state, and wait until it serves."""
+        self.processes.restart("kube-apiserver", down_seconds, sig)
+        self._wait_ready(timeout)
+
+    def restart_etcd(self, down_seconds: float = 0.0, timeout: float = 60.0, sig: int = signal.SIGKILL) -> None:
+        """Stop etcd (``sig``), wait ``down_seconds``, start it again on its data, and wait
+        until kube-apiserver is ready again (its readiness includes etcd)."""
+        self.processes.restart("etcd", down_seconds, sig)
         self._wait_ready(timeout)
 
     def __enter__(self) -> "ControlPlane":

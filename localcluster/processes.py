@@ -32,6 +32,7 @@ def free_port() -> int:
 class ProcessGroup:
     log_dir: Path
     children: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    envs: dict[str, dict | None] = field(default_factory=dict)   # each child's environment, for restart
 
     def __post_init__(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -45,13 +46,15 @@ class ProcessGroup:
                                 env=env, start_new_session=True)
         out.close()
         self.children.append((name, proc))
+        self.envs[name] = env
         log.info("started %s pid=%d", name, proc.pid)
         return proc
 
-    def restart(self, name: str, down_seconds: float = 0.0) -> subprocess.Popen:
-        """Stop the child ``name`` (SIGTERM, then SIGKILL) and start it again, same argv."""
+    def restart(self, name: str, down_seconds: float = 0.0, sig: int = signal.SIGTERM) -> subprocess.Popen:
+        """Stop the child ``name`` (``sig``, then SIGKILL) and start it again, same argv and
+        environment."""
         i, proc = next((i, p) for i, (n, p) in enumerate(self.children) if n == name)
-        _signal_group(proc, signal.SIGTERM)
+        _signal_group(proc, sig)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -59,7 +62,7 @@ class ProcessGroup:
             proc.wait()
         time.sleep(down_seconds)
         self.children.pop(i)
-        fresh = self.start(name, list(proc.args), env=None)
+        fresh = self.start(name, list(proc.args), env=self.envs.get(name))
         self.children.insert(i, self.children.pop())   # keep the start order for stop()
         return fresh
 

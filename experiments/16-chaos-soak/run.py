@@ -33,14 +33,16 @@ import benchkit  # noqa: E402
 SIZE_MIB = 16
 NODES = 3
 MODELS = 4
-# issue 31's targets for the full (60-minute) form: stated, not claimed; summary.json says whether met
+# issue 31's targets for the full (60-minute) form: stated, not claimed; summary.json says whether met.
+# The recovery target is for every fault kind but the API server's and etcd's (reported only).
 TARGETS = {"stuck_switches": 0, "leaks": 0, "defect_requests": 0, "recovery_p95_seconds": 30.0}
 
 
 def recompute(raw: dict) -> dict:
-    from localcluster.chaos import summarize
+    from localcluster.chaos import CONTROL_PLANE_FAULTS, summarize
     summary = summarize(raw)
-    p95 = max((v["p95"] for v in summary["recovery_seconds"].values() if v["p95"] is not None), default=0.0)
+    p95 = max((v["p95"] for kind, v in summary["recovery_seconds"].items()
+               if v["p95"] is not None and kind not in CONTROL_PLANE_FAULTS), default=0.0)
     found = {"stuck_switches": summary["switches"]["stuck"], "leaks": summary["leaks"],
              "defect_requests": summary["requests"]["defect"], "recovery_p95_seconds": p95}
     summary["targets"] = {name: {"target": want, "value": found[name], "met": found[name] <= want}

@@ -255,15 +255,15 @@ def test_a_lost_node_is_replaced_elsewhere_and_leaves_nothing_when_it_returns(tr
              timeout=120, what=f"nothing of the old owner left on {lost}", every=1)
 
 
-SOAK_SEED = 31
+SOAK_SEED = 326   # its 3 minutes make ten faults of ten kinds (all but bridge-killed)
 SOAK_SECONDS = 180.0
 
 
 @pytest.mark.timeout(900)
 def test_a_three_minute_chaos_soak_loses_no_request_outside_a_documented_gap_and_leaks_nothing(trio, tmp_path):
     """Issue 31's soak in its short form (docs/chaos.md): three models under load, a
-    switch every few seconds and a fault every 10-30 s from seed 31 (the seed replays the
-    same faults: ``experiments/16-chaos-soak/run.py --seed 31 --minutes 3``)."""
+    switch every few seconds and a fault every 10-30 s from seed 326 (the seed replays the
+    same faults: ``experiments/16-chaos-soak/run.py --seed 326 --minutes 3``)."""
     from localcluster.chaos import Soak, attribute, summarize
     revs = trio.revs
     soak = Soak(trio.cluster, trio.installation, trio.server, [revs.a, revs.b, revs.c, revs.d],
