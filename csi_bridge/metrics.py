@@ -43,6 +43,12 @@ class BridgeMetrics:
             "(the namespace's own source did not serve it)", ["reason"], registry=r)
         for reason in ("namespace", "possession"):   # at 0, so the first refusal is an increase
             self.unauthorized_mounts.labels(reason=reason)
+        self.peer_requests = Counter(
+            "resident_peer_requests_total", "Requests of other nodes' bridges for this node's "
+            "store content, by outcome (served, or why not)", ["outcome"], registry=r)
+        self.peer_served_bytes = Counter(
+            "resident_peer_served_bytes_total", "Bytes of store content served to other nodes' bridges",
+            registry=r)
         self.gc_failures = Counter("resident_store_gc_failures_total",
                                    "Store GC passes that raised instead of collecting", registry=r)
         self.leases = Gauge("resident_store_leases", "Leases held in the node store (volumes and deliveries)",

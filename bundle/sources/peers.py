@@ -1,0 +1,217 @@
+"""Peers: other nodes' stores as a source, in front of the origin (issue 30).
+
+A node that needs a revision another node already holds can read it from that node's
+bridge instead of the origin. A *peer* (:class:`PeerSource`) is one such bridge, reached
+over HTTP with a ServiceAccount token (``Authorization: Bearer``); it serves the
+revisions its store holds (:mod:`csi_bridge.peer_server`)::
+
+    /v1/manifests/sha256-<hex>.json   the manifest of a revision the store holds
+    /v1/blobs/<content key>           a file's content, by its store name
+                                      (:func:`bundle.plan.content_key`), with ``Range``
+
+:class:`PeeredSource` puts peers in front of the origin for one revision:
+
+- the manifest comes from the first peer whose bytes hash to the digest, or the origin;
+- every chunk comes from a peer, spread over the peers by chunk index, several chunks in
+  flight at once; each is hashed against the manifest *before* it is handed on;
+- a peer that serves a chunk whose hash is wrong is marked corrupt and not asked again
+  for this revision; a peer that fails (refused, gone, dead mid-transfer) is marked down:
+  only its unfinished chunks are lost, and they go to the next peer or the origin;
+- the origin serves what no peer could: peer trouble is never worse than no peers.
+
+It counts the bytes each place sent (:attr:`PeeredSource.tally`), so a delivery can say
+how much came from the origin and how much from peers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import requests
+
+from ..errors import IntegrityMismatch, SourceUnavailable
+from ..manifest import MAX_MANIFEST_BYTES, FileEntry, Manifest, chunk_range
+from ..plan import content_key
+from .ranged import RangedReader, RetryPolicy
+from .source import Source, check_range, verify_manifest
+
+log = logging.getLogger("resident.bundle.peers")
+
+#: a peer is another node on the cluster network: fail fast and go elsewhere
+PEER_POLICY = RetryPolicy(attempts=2, backoff_seconds=0.1, connect_timeout_seconds=2.0,
+                          read_timeout_seconds=10.0)
+
+
+class _Bearer(requests.auth.AuthBase):
+    """The token read afresh for each request: kubelet rotates projected tokens."""
+
+    def __init__(self, token: Callable[[], str]) -> None:
+        self.token = token
+
+    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+        r.headers["Authorization"] = f"Bearer {self.token()}"
+        return r
+
+
+class PeerSource(Source):
+    """One peer bridge at ``address`` (``host:port``)."""
+
+    scheme = "peer"
+
+    def __init__(self, node: str, address: str, token: Callable[[], str], chunk_size: int,
+                 policy: RetryPolicy = PEER_POLICY) -> None:
+        super().__init__(f"http://{address}/v1")
+        self.node, self.chunk_size = node, chunk_size
+        self.session = requests.Session()
+        self.session.auth = _Bearer(token)
+        self.reader = RangedReader(self.session, policy, self.scheme)
+
+    def manifest_bytes(self, digest: str) -> bytes:
+        return self.reader.get_small(f"{self.uri}/manifests/{digest.replace(':', '-', 1)}.json",
+                                     MAX_MANIFEST_BYTES)
+
+    def read(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
+        check_range(entry, offset, length)
+        return self.reader.read(f"{self.uri}/blobs/{content_key(entry, self.chunk_size)}", offset, length,
+                                entry.path, entry.sha256)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+@dataclass
+class PeerTally:
+    """Bytes by where they came from, and the peers dropped for this revision."""
+
+    origin: int = 0
+    peers: dict[str, int] = field(default_factory=dict)    # node -> bytes
+    down: dict[str, str] = field(default_factory=dict)     # node -> why it was dropped
+    corrupt: list[str] = field(default_factory=list)       # nodes that served a wrong chunk
+
+    @property
+    def from_peers(self) -> int:
+        return sum(self.peers.values())
+
+
+class PeeredSource(Source):
+    """Revision ``manifest``'s bytes from ``peers`` first and ``origin`` last; see the module."""
+
+    def __init__(self, origin: Source, peers: list[PeerSource], chunk_size: int, parallel: int = 4) -> None:
+        super().__init__(origin.uri)
+        self.scheme = origin.scheme      # metrics and messages name the origin's kind
+        self.origin, self.peers, self.chunk_size = origin, list(peers), chunk_size
+        self.parallel = max(1, parallel)
+        self.tally = PeerTally()
+        self._lock = threading.Lock()
+
+    # -- the manifest --------------------------------------------------------------------
+    def manifest_bytes(self, digest: str) -> bytes:
+        return self.origin.manifest_bytes(digest)
+
+    def fetch_manifest(self, digest: str) -> Manifest:
+        for peer in self._usable(0):
+            try:
+                return verify_manifest(peer.manifest_bytes(digest), digest, f"peer {peer.node}")
+            except IntegrityMismatch as e:
+                self._drop(peer, f"served a manifest that does not hash to the digest: {e}", corrupt=True)
+            except (SourceUnavailable, requests.RequestException, OSError) as e:
+                self._drop(peer, f"{type(e).__name__}: {e}")
+        return self.origin.fetch_manifest(digest)
+
+    # -- file bytes ----------------------------------------------------------------------
+    def read(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
+        check_range(entry, offset, length)
+        chunks = self._chunks(entry, offset, length)
+        if chunks is None or not self.peers:     # not chunk-aligned: the origin, as asked
+            return self._from_origin(entry, offset, length)
+        return self._in_order(entry, chunks)
+
+    def _chunks(self, entry: FileEntry, offset: int, length: int) -> list[int] | None:
+        if not entry.chunks:
+            return [0] if (offset, length) == (0, entry.size) else None
+        first = offset // self.chunk_size
+        if offset != first * self.chunk_size:
+            return None
+        out, end = [], offset + length
+        for i in range(first, len(entry.chunks)):
+            start, size = chunk_range(entry, i, self.chunk_size)
+            if start >= end:
+                break
+            if start + size > end:
+                return None
+            out.append(i)
+        return out
+
+    def _in_order(self, entry: FileEntry, chunks: list[int]) -> Iterator[bytes]:
+        """Several chunks in flight at once, handed on in file order."""
+        pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="peer-chunk")
+        pending: deque[Future] = deque()
+        todo = iter(chunks)
+        try:
+            for i in todo:
+                pending.append(pool.submit(self._chunk, entry, i))
+                if len(pending) >= self.parallel:
+                    break
+            while pending:
+                data = pending.popleft().result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append(pool.submit(self._chunk, entry, nxt))
+                yield data
+        finally:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _chunk(self, entry: FileEntry, i: int) -> bytes:
+        start, size = chunk_range(entry, i, self.chunk_size) if entry.chunks else (0, entry.size)
+        expected = entry.chunks[i] if entry.chunks else entry.sha256
+        for peer in self._usable(i):
+            try:
+                data = b"".join(peer.read(entry, start, size))
+            except (SourceUnavailable, IntegrityMismatch, requests.RequestException, OSError) as e:
+                self._drop(peer, f"{type(e).__name__}: {e}")
+                continue
+            if len(data) != size or hashlib.sha256(data).hexdigest() != expected:
+                self._drop(peer, f"served chunk {i} of {entry.path} with a wrong hash", corrupt=True)
+                continue
+            with self._lock:
+                self.tally.peers[peer.node] = self.tally.peers.get(peer.node, 0) + size
+            return data
+        return b"".join(self._from_origin(entry, start, size))
+
+    def _from_origin(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
+        for block in self.origin.read(entry, offset, length):
+            with self._lock:
+                self.tally.origin += len(block)
+            yield block
+
+    def _usable(self, i: int) -> list[PeerSource]:
+        """The peers not dropped, starting at chunk ``i``'s turn: chunks spread over peers."""
+        with self._lock:
+            live = [p for p in self.peers if p.node not in self.tally.down]
+        if not live:
+            return []
+        k = i % len(live)
+        return live[k:] + live[:k]
+
+    def _drop(self, peer: PeerSource, why: str, corrupt: bool = False) -> None:
+        with self._lock:
+            if peer.node in self.tally.down:
+                return
+            self.tally.down[peer.node] = why
+            if corrupt:
+                self.tally.corrupt.append(peer.node)
+        log.warning("peer dropped for this revision", extra={"peer": peer.node, "why": why[:300],
+                                                             "corrupt": corrupt})
+
+    def close(self) -> None:
+        for peer in self.peers:
+            peer.close()
+        self.origin.close()
