@@ -107,6 +107,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--orphan-grace", type=float, default=600.0,
                    help="seconds after which a publish interrupted by a crash, whose Pod has "
                         "since been deleted, is released (needs API access)")
+    peers = p.add_argument_group(
+        "peer delivery", "Serve this node's store to the other nodes' bridges and take a revision "
+        "from the bridges that hold it before asking the origin; every chunk is checked against the "
+        "manifest (docs/peer-delivery.md). On with --peer-port.")
+    peers.add_argument("--peer-port", type=int, default=int(env("RESIDENT_PEER_PORT", "-1")),
+                       help="port of the peer server, the same on every node; -1 (default) turns peer "
+                            "delivery off (env RESIDENT_PEER_PORT)")
+    peers.add_argument("--peer-address", default=env("POD_IP", "127.0.0.1"),
+                       help="address the peer server binds: the bridge Pod's IP (env POD_IP)")
+    peers.add_argument("--peer-namespace", default=env("POD_NAMESPACE"),
+                       help="namespace of the bridge DaemonSet, where the other bridges are found "
+                            "(env POD_NAMESPACE)")
+    peers.add_argument("--peer-selector", default=env("RESIDENT_PEER_SELECTOR"),
+                       help="label selector of the bridge Pods, e.g. app.kubernetes.io/component=bridge,"
+                            "app.kubernetes.io/instance=RELEASE")
+    peers.add_argument("--peer-account", default=env("RESIDENT_PEER_ACCOUNT"),
+                       help="the only ServiceAccount served, system:serviceaccount:NAMESPACE:NAME: the "
+                            "bridges' own (checked with a TokenReview)")
+    peers.add_argument("--peer-token-file", type=Path,
+                       default=Path(env("RESIDENT_PEER_TOKEN_FILE", "/var/run/secrets/resident/peer/token")),
+                       help="this bridge's projected ServiceAccount token with audience "
+                            "--peer-audience, presented to peers (read for each request: kubelet rotates it)")
+    peers.add_argument("--peer-audience", default=env("RESIDENT_PEER_AUDIENCE", "peers.resident.dev"),
+                       help="the audience of the tokens bridges present to each other")
+    peers.add_argument("--peer-max-transfers", type=int, default=4,
+                       help="answers to peers at once; more are told 503 (busy) and ask elsewhere")
+    peers.add_argument("--peer-rate", type=float, default=0.0,
+                       help="bytes per second sent to peers, over all answers (0: no limit)")
     p.add_argument("--log-level", default=env("RESIDENT_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr")
     return p
@@ -136,7 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     if not args.node_id:
         print("resident bridge: --node-id (or NODE_NAME) is required", file=sys.stderr)
         return 2
-    client = api_client(args.kubeconfig) if (args.authorize == "api" or args.deliveries) else None
+    peers = None
+    if args.peer_port >= 0:
+        from .peering import PeerSettings
+        missing = [f for f in ("peer_namespace", "peer_selector", "peer_account") if not getattr(args, f)]
+        if missing:
+            print(f"resident bridge: peer delivery (--peer-port) needs {', '.join('--' + m.replace('_', '-') for m in missing)}",
+                  file=sys.stderr)
+            return 2
+        peers = PeerSettings(address=args.peer_address, port=args.peer_port, namespace=args.peer_namespace,
+                             selector=args.peer_selector, account=args.peer_account,
+                             token_file=args.peer_token_file, audience=args.peer_audience,
+                             max_transfers=args.peer_max_transfers, rate=args.peer_rate)
+    client = api_client(args.kubeconfig) if (args.authorize == "api" or args.deliveries or peers) else None
     if args.authorize == "api" and client is None:
         log.warning("namespace authorization falls back to deny: every publish is refused")
     try:
@@ -155,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             orphan_grace_seconds=args.orphan_grace,
             delivery_retry_seconds=args.delivery_retry_seconds,
             delivery_retry_max_seconds=args.delivery_retry_max_seconds,
-            pods_dir=args.pods_dir))
+            pods_dir=args.pods_dir, peers=peers))
         bridge.start()
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)

@@ -47,6 +47,7 @@ from .arguments import PublishArgs, UnpublishArgs
 from .authorization import Authorizer, Denied
 from .fetches import Fetch, Fetches
 from .locks import VolumeLocks
+from .peering import peer_bytes
 from .metrics import BridgeMetrics
 from .possession import NotProven, Possession
 from .state import BridgeState, Publication
@@ -72,6 +73,7 @@ class Publisher:
         self.volumes_root = Path(volumes_root)
         self.metrics, self.locks = metrics, locks
         self.open_source = open_source    # open_source(uri, credentials=...): a bundle.sources.Source
+        self.peering = None               # a csi_bridge.peering.Peering: peers in front of the origin
         self.credentials = VolumeCredentials()
         self.possession = Possession(state, open_source, protected_dirs)
         self.fetches = Fetches(self._materialize)
@@ -234,6 +236,8 @@ class Publisher:
     def _materialize(self, job: Fetch):
         try:
             source = self.open_source(job.source, credentials=job.credentials)
+            if self.peering is not None:
+                source = self.peering.around(source, job.digest)
             try:
                 manifest = source.fetch_manifest(job.digest)
                 job.bytes_total = manifest.total_bytes
@@ -250,6 +254,9 @@ class Publisher:
                 "duration_seconds": round(job.seconds(), 3)})
             raise
         self.state.clear_fetch_failure(job.digest)
+        log.info("revision fetched", extra={
+            "digest": job.digest, "source": job.source, "method": res.method, "bytes": res.bytes_fetched,
+            **peer_bytes(source), "duration_seconds": round(job.seconds(), 3)})
         return res
 
     # -- unpublish ---------------------------------------------------------------------

@@ -30,6 +30,7 @@ from .locks import VolumeLocks
 from .metrics import BridgeMetrics
 from .node import NodeServicer
 from .proto import csi_pb2_grpc, pluginregistration_pb2_grpc
+from .peering import PeerSettings, Peering
 from .publisher import Publisher
 from .reconcile import Report, reconcile
 from .registration import RegistrationServicer
@@ -67,6 +68,7 @@ class BridgeConfig:
     delivery_retry_seconds: float = 5.0   # first wait before a Failed delivery is staged again
     delivery_retry_max_seconds: float = 300.0  # the doubling waits stop growing here
     pods_dir: Path | None = None          # targets must lie under it (kubelet's pods dir); None: anywhere
+    peers: PeerSettings | None = None     # serve the store to peers and take revisions from them
     extra: dict = field(default_factory=dict)
 
 
@@ -136,6 +138,7 @@ class Bridge:
         self.listeners: dict[str, endpoints.Listener] = {}  # path → its HTTP listener
         self.watcher = None
         self.sweeper = None
+        self.peering: Peering | None = None
 
     @property
     def metrics_port(self) -> int | None:
@@ -199,6 +202,11 @@ class Bridge:
             self.sweeper = OrphanSweeper(self.publisher, self.state, self.locks, c.api_client,
                                          grace_seconds=c.orphan_grace_seconds)
             self.sweeper.start()
+        if c.peers is not None:
+            if c.api_client is None:
+                raise ValueError("peer delivery needs API access (a kubeconfig)")
+            self.peering = self.publisher.peering = Peering(self.store, c.api_client, c.node_id, c.peers,
+                                                            self.metrics).start()
         if c.deliveries:
             if c.api_client is None:
                 raise ValueError("watching BundleDeliveries needs API access (a kubeconfig)")
@@ -215,6 +223,8 @@ class Bridge:
     def stop(self, grace: float = 2.0) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        if self.peering is not None:
+            self.peering.stop()
         self.collector.stop()
         if self.sweeper is not None:
             self.sweeper.stop()

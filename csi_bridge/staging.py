@@ -43,6 +43,7 @@ from bundle.sources import reads_credentials
 from . import checkpoints, volumes
 from .arguments import BundleRef, PodRef
 from .authorization import Denied
+from .peering import peer_bytes
 from .state import Delivery, Publication
 from .status import CsiError
 
@@ -153,6 +154,8 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         try:
             source = bridge.publisher.open_source(spec.bundle.source,
                                                   credentials=credentials.of(pub.target_path))
+            if bridge.peering is not None:
+                source = bridge.peering.around(source, digest)
             try:
                 manifest = source.fetch_manifest(digest)
                 res = store.materialize(manifest, source, donor=donor, mode=spec.path,
@@ -189,6 +192,13 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         }
         if res.fallback_reason:  # the client sends "" as null, which the schema refuses
             status["fallbackReason"] = res.fallback_reason
+        peers = peer_bytes(source)
+        if peers:
+            status["bytes"]["peers"] = peers["bytes_from_peers"]
+            status["message"] += (f"; {peers['bytes_from_peers']} of {res.bytes_fetched} fetched bytes from peers "
+                                  f"({', '.join(peers['peers']) or 'none'})"
+                                  + "".join(f"; peer {n} dropped: {why[:200]}"
+                                            for n, why in peers["peers_dropped"].items()))
         state.put_delivery(Delivery(uid=uid, namespace=namespace, name=name,
                                     target_path=pub.target_path, digest=digest,
                                     generation=generation,

@@ -56,7 +56,10 @@ class Installation:
 
 
 def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
-            timeout: float = 240.0, bridge_root: Path | None = None) -> Installation:
+            timeout: float = 240.0, bridge_root: Path | None = None,
+            bridge_values: dict | None = None) -> Installation:
+    """Install the chart with :func:`local_values`; ``bridge_values`` are added to its
+    ``bridge`` section (e.g. ``{"peers": {"enabled": True}}``)."""
     from charts.helmenv import Helm
 
     image, tarball = project_image()
@@ -74,7 +77,9 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
     bridge_root = bridge_root or cluster.state_dir / "bridge"
     # the chart names one store path for every node; each node gets its own behind it
     cluster.make_private(bridge_root)
-    helm.install(release, values=local_values(image, bridge_root))
+    values = local_values(image, bridge_root)
+    values["bridge"].update(bridge_values or {})
+    helm.install(release, values=values)
     cluster.wait_established(CRDS)
     wait_ready(cluster, namespace, timeout)
     return Installation(image, namespace, release, helm, bridge_root)

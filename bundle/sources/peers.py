@@ -15,8 +15,9 @@ revisions its store holds (:mod:`csi_bridge.peer_server`)::
 - every chunk comes from a peer, spread over the peers by chunk index, several chunks in
   flight at once; each is hashed against the manifest *before* it is handed on;
 - a peer that serves a chunk whose hash is wrong is marked corrupt and not asked again
-  for this revision; a peer that fails (refused, gone, dead mid-transfer) is marked down:
-  only its unfinished chunks are lost, and they go to the next peer or the origin;
+  for this revision; a peer that fails (refused, gone, dead mid-transfer, still busy after
+  three short waits) is marked down: only its unfinished chunks are lost, and they go to
+  the next peer or the origin;
 - the origin serves what no peer could: peer trouble is never worse than no peers.
 
 It counts the bytes each place sent (:attr:`PeeredSource.tally`), so a delivery can say
@@ -43,8 +44,9 @@ from .source import Source, check_range, verify_manifest
 
 log = logging.getLogger("resident.bundle.peers")
 
-#: a peer is another node on the cluster network: fail fast and go elsewhere
-PEER_POLICY = RetryPolicy(attempts=2, backoff_seconds=0.1, connect_timeout_seconds=2.0,
+#: a peer is another node on the cluster network: a busy one (503) is asked again after
+#: 0.2, 0.4 and 0.8 s, and one that still fails is dropped for the revision
+PEER_POLICY = RetryPolicy(attempts=4, backoff_seconds=0.2, connect_timeout_seconds=2.0,
                           read_timeout_seconds=10.0)
 
 
@@ -64,7 +66,7 @@ class PeerSource(Source):
 
     scheme = "peer"
 
-    def __init__(self, node: str, address: str, token: Callable[[], str], chunk_size: int,
+    def __init__(self, node: str, address: str, token: Callable[[], str], chunk_size: int | None = None,
                  policy: RetryPolicy = PEER_POLICY) -> None:
         super().__init__(f"http://{address}/v1")
         self.node, self.chunk_size = node, chunk_size
@@ -77,7 +79,10 @@ class PeerSource(Source):
                                      MAX_MANIFEST_BYTES)
 
     def read(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
+        """``chunk_size`` (the manifest's) names the blob; :class:`PeeredSource` sets it."""
         check_range(entry, offset, length)
+        if self.chunk_size is None:
+            raise SourceUnavailable(f"peer {self.node}: the manifest's chunk size is not known yet")
         return self.reader.read(f"{self.uri}/blobs/{content_key(entry, self.chunk_size)}", offset, length,
                                 entry.path, entry.sha256)
 
@@ -100,12 +105,14 @@ class PeerTally:
 
 
 class PeeredSource(Source):
-    """Revision ``manifest``'s bytes from ``peers`` first and ``origin`` last; see the module."""
+    """One revision's bytes from ``peers`` first and ``origin`` last; see the module. Its
+    manifest (:meth:`fetch_manifest`) comes first: until then every read is the origin's."""
 
-    def __init__(self, origin: Source, peers: list[PeerSource], chunk_size: int, parallel: int = 4) -> None:
+    def __init__(self, origin: Source, peers: list[PeerSource], parallel: int = 4) -> None:
         super().__init__(origin.uri)
         self.scheme = origin.scheme      # metrics and messages name the origin's kind
-        self.origin, self.peers, self.chunk_size = origin, list(peers), chunk_size
+        self.origin, self.peers = origin, list(peers)
+        self.chunk_size: int | None = None
         self.parallel = max(1, parallel)
         self.tally = PeerTally()
         self._lock = threading.Lock()
@@ -115,19 +122,25 @@ class PeeredSource(Source):
         return self.origin.manifest_bytes(digest)
 
     def fetch_manifest(self, digest: str) -> Manifest:
+        manifest = None
         for peer in self._usable(0):
             try:
-                return verify_manifest(peer.manifest_bytes(digest), digest, f"peer {peer.node}")
+                manifest = verify_manifest(peer.manifest_bytes(digest), digest, f"peer {peer.node}")
+                break
             except IntegrityMismatch as e:
                 self._drop(peer, f"served a manifest that does not hash to the digest: {e}", corrupt=True)
             except (SourceUnavailable, requests.RequestException, OSError) as e:
                 self._drop(peer, f"{type(e).__name__}: {e}")
-        return self.origin.fetch_manifest(digest)
+        manifest = manifest or self.origin.fetch_manifest(digest)
+        self.chunk_size = manifest.chunk_size
+        for peer in self.peers:
+            peer.chunk_size = manifest.chunk_size
+        return manifest
 
     # -- file bytes ----------------------------------------------------------------------
     def read(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
         check_range(entry, offset, length)
-        chunks = self._chunks(entry, offset, length)
+        chunks = self._chunks(entry, offset, length) if self.chunk_size else None
         if chunks is None or not self.peers:     # not chunk-aligned: the origin, as asked
             return self._from_origin(entry, offset, length)
         return self._in_order(entry, chunks)

@@ -81,7 +81,7 @@ def install(cluster) -> ChartAccounts:
         "metrics": {"service": False},
         # the tests run the operator on one namespace each (t-<hex>), as watchNamespaces does
         "operator": {"nodeSelector": NO_NODE, "watchNamespaces": ["t-*"]},
-        "bridge": {"nodeSelector": NO_NODE}})
+        "bridge": {"nodeSelector": NO_NODE, "peers": {"enabled": True}}})
     paths = {}
     for component in ("operator", "bridge"):
         token = service_account_token(core, NAMESPACE, f"{RELEASE}-resident-{component}")

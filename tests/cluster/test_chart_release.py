@@ -367,25 +367,32 @@ def test_bad_values_are_refused_before_anything_is_created(cluster, namespace, h
     assert items(cluster, "secrets", f"owner=helm,name={release}", namespace) == []
 
 
+def access_review(cluster, namespace: str, release: str):
+    """``can(component, verb, resource, ns)``: the real RBAC authorizer's answer
+    (SubjectAccessReview) for the release's ServiceAccount of that component."""
+    from kubernetes import client
+
+    authz = client.AuthorizationV1Api(cluster.api_client())
+
+    def can(sa: str, verb: str, resource: str, ns: str | None = "elsewhere") -> bool:
+        name, _, sub = resource.partition("/")
+        plural, _, group = name.partition(".")
+        review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{namespace}:{release}-resident-{sa}",
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+                    "system:authenticated"],
+            resource_attributes=client.V1ResourceAttributes(
+                namespace=ns, verb=verb, group=group, resource=plural,
+                subresource=sub or None)))
+        return authz.create_subject_access_review(review).status.allowed
+    return can
+
+
 def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, helm):
     release = f"rb-{uuid.uuid4().hex[:6]}"
     helm.install(release, {"crds": {"enabled": False}, "csiDriver": {"create": False}})
     try:
-        from kubernetes import client
-
-        authz = client.AuthorizationV1Api(cluster.api_client())
-
-        def can(sa: str, verb: str, resource: str, ns: str = "elsewhere") -> bool:
-            name, _, sub = resource.partition("/")
-            plural, _, group = name.partition(".")
-            review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
-                user=f"system:serviceaccount:{namespace}:{release}-resident-{sa}",
-                groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
-                        "system:authenticated"],
-                resource_attributes=client.V1ResourceAttributes(
-                    namespace=ns, verb=verb, group=group, resource=plural,
-                    subresource=sub or None)))
-            return authz.create_subject_access_review(review).status.allowed
+        can = access_review(cluster, namespace, release)
 
         # asked of the real RBAC authorizer (SubjectAccessReview) for another namespace
         for verb, resource in [("create", "pods"), ("delete", "pods"), ("create", "secrets"),
@@ -420,6 +427,35 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
                                ("create", "bundledeliveries.resident.dev"), ("get", "nodes"),
                                ("get", "networkpolicies.networking.k8s.io")]:
             assert not can("bridge", verb, resource), (verb, resource)
+        # peer delivery is off by default: no token reviews, no list of its own Pods
+        assert not can("bridge", "create", "tokenreviews.authentication.k8s.io", ns=None)
+        assert not can("bridge", "list", "pods", ns=namespace)
+    finally:
+        helm.uninstall(release)
+
+
+def test_peer_delivery_serves_a_port_with_a_peer_token_and_grants_only_what_it_needs(cluster, namespace, helm):
+    import yaml
+
+    release = f"pd-{uuid.uuid4().hex[:6]}"
+    manifest = helm.install(release, {"crds": {"enabled": False}, "csiDriver": {"create": False},
+                                      "operator": {"enabled": False},
+                                      "bridge": {"peers": {"enabled": True, "port": 9931}}})["manifest"]
+    try:
+        ds, = (d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "DaemonSet")
+        spec = ds["spec"]["template"]["spec"]
+        plugin = containers(spec)["bridge"]
+        assert {"name": "peers", "containerPort": 9931, "protocol": "TCP"} in plugin["ports"]
+        assert {"--peer-port=9931", f"--peer-account=system:serviceaccount:{namespace}:{release}-resident-bridge",
+                f"--peer-selector=app.kubernetes.io/component=bridge,app.kubernetes.io/instance={release}",
+                "--peer-token-file=/var/run/secrets/resident/peer/token"} <= set(plugin["args"])
+        token, = (v for v in spec["volumes"] if v["name"] == "peer-token")
+        assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "peers.resident.dev"
+        can = access_review(cluster, namespace, release)
+        assert can("bridge", "create", "tokenreviews.authentication.k8s.io", ns=None)
+        assert can("bridge", "list", "pods", ns=namespace)           # its own DaemonSet's Pods
+        assert not can("bridge", "list", "pods", ns="elsewhere")
+        assert not can("bridge", "watch", "pods", ns=namespace)
     finally:
         helm.uninstall(release)
 

@@ -31,15 +31,19 @@ WEIGHTS = os.urandom(48 * CHUNK)     # 48 chunks
 
 
 class Peers:
-    """Two nodes that hold revision A, each serving its store; the origin a file source."""
+    """Two nodes that hold revision A, each serving its store; the origin a file source.
+    The servers review tokens as the chart's bridge account (its RBAC, peers enabled), and
+    serve that account only."""
 
-    def __init__(self, cluster, namespace: str, tmp: Path):
+    def __init__(self, cluster, accounts, namespace: str, tmp: Path):
+        from kubernetes import config
         self.core = client.CoreV1Api(cluster.api_client())
-        for name in ("bridge", "someone"):
-            self.core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
-                metadata=client.V1ObjectMeta(name=name)))
+        self.core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
+            metadata=client.V1ObjectMeta(name="someone")))
         self.namespace, self.tmp = namespace, tmp
-        self.account = f"system:serviceaccount:{namespace}:bridge"
+        self.bridge_namespace, self.bridge_name = accounts.namespace, "accounts-resident-bridge"
+        self.account = f"system:serviceaccount:{self.bridge_namespace}:{self.bridge_name}"
+        as_bridge = config.new_client_from_config(config_file=accounts.bridge)
         self.bundle = tmp / "origin"
         self.bundle.mkdir()
         (self.bundle / "model.safetensors").write_bytes(WEIGHTS)
@@ -51,16 +55,19 @@ class Peers:
             store = Store(tmp / node)
             store.materialize(self.manifest, FileSource(f"file://{self.bundle}"))
             self.metrics[node] = BridgeMetrics(CollectorRegistry())
-            self.servers[node] = PeerServer(store, TokenReviewer(cluster.api_client(), self.account),
+            self.servers[node] = PeerServer(store, TokenReviewer(as_bridge, self.account),
                                             "127.0.0.1", 0, metrics=self.metrics[node]).start()
 
-    def token(self, account: str = "bridge", audience: str = AUDIENCE) -> str:
-        return self.core.create_namespaced_service_account_token(account, self.namespace, client.AuthenticationV1TokenRequest(
+    def token(self, other: bool = False, audience: str = AUDIENCE) -> str:
+        """A token as kubelet projects it: the bridge's, or with ``other`` one of an account
+        of another namespace."""
+        name, ns = ("someone", self.namespace) if other else (self.bridge_name, self.bridge_namespace)
+        return self.core.create_namespaced_service_account_token(name, ns, client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(audiences=[audience], expiration_seconds=600))).status.token
 
     def peers(self, token: str | None = None) -> list[PeerSource]:
         token = token or self.token()
-        return [PeerSource(node, s.address, lambda: token, CHUNK) for node, s in self.servers.items()]
+        return [PeerSource(node, s.address, lambda: token) for node, s in self.servers.items()]
 
     def count(self, node: str, outcome: str) -> float:
         return self.metrics[node].registry.get_sample_value("resident_peer_requests_total", {"outcome": outcome}) or 0
@@ -74,8 +81,8 @@ class Peers:
 
 
 @pytest.fixture
-def peers(cluster, namespace, tmp_path):
-    p = Peers(cluster, namespace, tmp_path)
+def peers(cluster, chart_accounts, namespace, tmp_path):
+    p = Peers(cluster, chart_accounts, namespace, tmp_path)
     try:
         yield p
     finally:
@@ -99,7 +106,7 @@ class CountingOrigin(FileSource):
 
 def take(peers: Peers, origin, peer_list) -> tuple[Store, PeeredSource]:
     store = Store(peers.tmp / "node-3")
-    source = PeeredSource(origin, peer_list, CHUNK)
+    source = PeeredSource(origin, peer_list)
     manifest = source.fetch_manifest(peers.manifest.digest)
     res = store.materialize(manifest, source, mode="WholeBundle")
     assert res.verified and store.has_revision(peers.manifest.digest)
@@ -126,7 +133,7 @@ def test_a_request_without_the_bridges_own_token_for_the_peer_audience_is_refuse
     url = f"http://{server.address}/v1/manifests/{peers.manifest.digest.replace(':', '-')}.json"
     headers = {"no token": {},
                "the API server's audience": {"Authorization": f"Bearer {peers.token(audience='https://kubernetes.default.svc')}"},
-               "another account": {"Authorization": f"Bearer {peers.token(account='someone')}"}}[who]
+               "another account": {"Authorization": f"Bearer {peers.token(other=True)}"}}[who]
     answer = requests.get(url, headers=headers, timeout=10)
     outcome = {"no token": "no-token", "the API server's audience": "unauthenticated",
                "another account": "forbidden"}[who]
