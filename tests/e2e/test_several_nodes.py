@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import requests
 from kubernetes import client
 
 from localcluster.install import DRIVER, install, node_drivers
@@ -41,6 +42,8 @@ class Trio(NamedTuple):
     revs: Any
     installation: Any
     story: Story
+    dirs: dict[str, Path]
+    work: Path
 
     def owners(self) -> list[client.V1Pod]:
         """The model's owner Pods that are not being deleted."""
@@ -61,7 +64,7 @@ def trio(tmp_path_factory):
     with LocalCluster(nodes=3) as cluster, BundleServer(work / "served", work / "logs", cluster=cluster) as server:
         for d in dirs.values():
             server.push(d)
-        installation = install(cluster)
+        installation = install(cluster, bridge_values={"peers": {"enabled": True}})
         cluster.kubectl("create", "namespace", NAMESPACE)
         cluster.wait_for_service_account(NAMESPACE)
         story = Story(cluster, NAMESPACE, "spread", installation.bridge_root)
@@ -69,7 +72,7 @@ def trio(tmp_path_factory):
         body["spec"]["replicas"] = 3
         story.apply(body)
         story.wait_ready(revs.a)
-        yield Trio(cluster, server, revs, installation, story)
+        yield Trio(cluster, server, revs, installation, story, dirs, work)
 
 
 def test_every_node_is_its_own_machine_with_the_bridge_registered(trio):
@@ -253,6 +256,53 @@ def test_a_lost_node_is_replaced_elsewhere_and_leaves_nothing_when_it_returns(tr
     wait_for(lambda: (lambda left: not left["publications"] and not left["pod dir"]
                       and left["volume leases"] == left["live publications"])(leaked()),
              timeout=120, what=f"nothing of the old owner left on {lost}", every=1)
+
+
+def test_owners_added_later_take_their_revision_from_the_node_that_holds_it(trio):
+    """Peer delivery (docs/peer-delivery.md): a model on a revision only its first owner's
+    node holds is scaled to three; the two new owners' bridges take every byte of it from
+    that node's bridge, and the origin serves none of its files again."""
+    from bundle.cpu_model import make_revision
+    from bundle.scan import read_manifest
+
+    folder = trio.work / "rev-peered"
+    digest = make_revision(trio.dirs["a"], folder, "rows", fraction=0.01, seed=91, chunk_size=64 * 1024).digest
+    trio.server.push(folder)
+    blobs = {f"/blobs/sha256-{f.sha256}" for f in read_manifest(folder).files}
+    cluster, namespace = trio.cluster, "peered"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.wait_for_service_account(namespace)
+    story = Story(cluster, namespace, "m", trio.installation.bridge_root)
+    story.apply(model_body("m", trio.server.url, digest))
+    story.wait_ready(digest)
+    holder, = {p.spec.node_name for p in story.owner_pods()}
+    core = client.CoreV1Api(cluster.api_client())
+
+    def served() -> dict[str, float]:
+        """resident_peer_served_bytes_total of every node's bridge, from its /metrics."""
+        out = {}
+        for pod in core.list_namespaced_pod(trio.installation.namespace,
+                                            label_selector="app.kubernetes.io/component=bridge").items:
+            text = requests.get(f"http://{pod.status.pod_ip}:9810/metrics", timeout=5).text
+            out[pod.spec.node_name] = sum(float(line.split()[-1]) for line in text.splitlines()
+                                          if line.startswith("resident_peer_served_bytes_total"))
+        return out
+    log = next((trio.work / "logs").glob("bundle-server-*.log"))
+    mark, before = log.stat().st_size, served()
+    try:
+        story.patch_spec({"replicas": 3})
+        story.wait("3/3 ready", lambda rm: (rm.get("status") or {}).get("ready") == "3/3", timeout=240)
+        asked = [json.loads(line).get("path") for line in log.read_text()[mark:].splitlines()
+                 if line.startswith("{")]
+        assert not blobs & set(asked), f"the origin served files of {digest} again: {sorted(blobs & set(asked))}"
+        # what the new nodes did not hold already (their stores share unchanged files and
+        # chunks with revision A) came from the holder
+        after = served()
+        assert after[holder] > before.get(holder, 0), (before, after)
+        assert story.complete("peered")[1]["choices"]
+    finally:
+        story.delete_and_wait_gone()
+        core.delete_namespace(namespace)
 
 
 SOAK_SEED = 326   # its 3 minutes make ten faults of ten kinds (all but bridge-killed)
