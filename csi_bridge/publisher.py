@@ -47,8 +47,8 @@ from .arguments import PublishArgs, UnpublishArgs
 from .authorization import Authorizer, Denied
 from .fetches import Fetch, Fetches
 from .locks import VolumeLocks
-from .peering import peer_bytes
 from .metrics import BridgeMetrics
+from .peering import peer_bytes
 from .possession import NotProven, Possession
 from .state import BridgeState, Publication
 from .status import CsiError, from_bundle_error

@@ -29,8 +29,8 @@ from .liveness import LivenessCheck
 from .locks import VolumeLocks
 from .metrics import BridgeMetrics
 from .node import NodeServicer
-from .proto import csi_pb2_grpc, pluginregistration_pb2_grpc
 from .peering import PeerSettings, Peering
+from .proto import csi_pb2_grpc, pluginregistration_pb2_grpc
 from .publisher import Publisher
 from .reconcile import Report, reconcile
 from .registration import RegistrationServicer

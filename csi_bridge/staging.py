@@ -154,7 +154,7 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         try:
             source = bridge.publisher.open_source(spec.bundle.source,
                                                   credentials=credentials.of(pub.target_path))
-            if bridge.peering is not None:
+            if bridge.peering is not None and not store.has_revision(digest):
                 source = bridge.peering.around(source, digest)
             try:
                 manifest = source.fetch_manifest(digest)
