@@ -107,6 +107,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--orphan-grace", type=float, default=600.0,
                    help="seconds after which a publish interrupted by a crash, whose Pod has "
                         "since been deleted, is released (needs API access)")
+    p.add_argument("--source-proxy", default=env("RESIDENT_SOURCE_PROXY"),
+                   help="http://host:port of an HTTP proxy the http(s) and OCI sources go through, "
+                        "e.g. a pull-through cache (a Dragonfly dfdaemon) in front of the origin; the "
+                        "API server and peers are reached directly (env RESIDENT_SOURCE_PROXY)")
     peers = p.add_argument_group(
         "peer delivery", "Serve this node's store to the other nodes' bridges and take a revision "
         "from the bridges that hold it before asking the origin; every chunk is checked against the "
@@ -195,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             orphan_grace_seconds=args.orphan_grace,
             delivery_retry_seconds=args.delivery_retry_seconds,
             delivery_retry_max_seconds=args.delivery_retry_max_seconds,
-            pods_dir=args.pods_dir, peers=peers))
+            pods_dir=args.pods_dir, peers=peers, source_proxy=args.source_proxy or None))
         bridge.start()
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)

@@ -69,6 +69,7 @@ class BridgeConfig:
     delivery_retry_max_seconds: float = 300.0  # the doubling waits stop growing here
     pods_dir: Path | None = None          # targets must lie under it (kubelet's pods dir); None: anywhere
     peers: PeerSettings | None = None     # serve the store to peers and take revisions from them
+    source_proxy: str | None = None       # http(s) and OCI sources go through this HTTP proxy
     extra: dict = field(default_factory=dict)
 
 
@@ -101,6 +102,8 @@ def remove_stale_socket(path: Path) -> None:
 
 class Bridge:
     def __init__(self, config: BridgeConfig):
+        from functools import partial
+
         from bundle.sources import open_source
         from bundle.store import Store
         from prometheus_client import REGISTRY, CollectorRegistry
@@ -120,7 +123,7 @@ class Bridge:
                                                       static_file=c.authorize_file)
         self.locks = VolumeLocks()
         self.publisher = Publisher(self.store, self.state, self.volumes_root, self.authorizer,
-                                   self.metrics, self.locks, open_source,
+                                   self.metrics, self.locks, partial(open_source, proxy=c.source_proxy),
                                    protected_dirs=(c.root, c.pods_dir))
         self.collector = Collector(self.store, c.gc_high_water_bytes, c.gc_low_water_bytes,
                                    c.gc_interval_seconds, c.gc_high_water_percent,

@@ -55,19 +55,29 @@ def reads_credentials(uri: str) -> bool:
 
 
 def open_source(uri: str, policy: RetryPolicy | None = None,
-                credentials: SourceCredentials | None = None) -> Source:
+                credentials: SourceCredentials | None = None, proxy: str | None = None) -> Source:
     """The source a URI names (no I/O happens until it is read). ``credentials`` are used
-    by the schemes that read them (:data:`CREDENTIAL_SCHEMES`) and ignored by the others."""
+    by the schemes that read them (:data:`CREDENTIAL_SCHEMES`) and ignored by the others.
+    ``proxy`` (``http://host:port``) is the HTTP proxy the http(s) and OCI sources go
+    through, e.g. a pull-through cache in front of the origin; the others ignore it."""
     scheme = _scheme(uri)
     if scheme == "file":
         return FileSource(uri)
     if scheme in ("http", "https"):
-        return HttpSource(uri, policy)
+        return through(HttpSource(uri, policy), proxy)
     if scheme == "s3":
         return S3Source(uri, policy, credentials)
     if scheme == "hf":
         return HfSource(uri, policy, credentials)
-    return OciSource(uri, policy)
+    return through(OciSource(uri, policy), proxy)
+
+
+def through(source: Source, proxy: str | None) -> Source:
+    """``source`` with every request sent through ``proxy``: a proxy named for the session
+    wins over the environment's (``HTTP_PROXY``, ``NO_PROXY``)."""
+    if proxy:
+        source.session.proxies.update({"http": proxy, "https": proxy})
+    return source
 
 
 def push(bundle_dir, target: str, progress: Progress | None = None,

@@ -71,6 +71,7 @@ class PeerSource(Source):
         super().__init__(f"http://{address}/v1")
         self.node, self.chunk_size = node, chunk_size
         self.session = requests.Session()
+        self.session.trust_env = False       # a peer is reached directly, never through a proxy
         self.session.auth = _Bearer(token)
         self.reader = RangedReader(self.session, policy, self.scheme)
 

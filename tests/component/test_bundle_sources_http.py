@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import http.server
 import json
 import os
 import socket
@@ -364,3 +365,66 @@ def test_a_rate_limited_server_sends_no_faster_than_its_rate(tmp_path):
         srv.server_close()
         thread.join(5)
     assert got == data and took >= 0.25
+
+
+class ForwardProxy(http.server.ThreadingHTTPServer):
+    """A plain HTTP forward proxy (what a pull-through cache such as Dragonfly's dfdaemon
+    looks like to a client): it takes absolute-form requests, forwards them with their
+    Range, and records each URL."""
+
+    def __init__(self):
+        proxy = self
+        self.urls: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                proxy.urls.append(self.path)
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("range", "accept-encoding")}
+                with requests.get(self.path, headers=headers, stream=True, timeout=10,
+                                  proxies={"http": None, "https": None}) as up:
+                    body = up.raw.read()
+                    self.send_response(up.status_code)
+                    for k in ("Content-Range", "Content-Type"):
+                        if k in up.headers:
+                            self.send_header(k, up.headers[k])
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.daemon_threads = True
+
+
+def test_a_source_proxy_carries_every_request_of_an_http_source(server, bundle_dir, monkeypatch):
+    """``--source-proxy`` (docs/peer-delivery.md): the manifest and every ranged blob read
+    go through the proxy, even with the environment saying to bypass it."""
+    uri = server.url + "/models/tiny"
+    digest = push(bundle_dir, uri)
+    proxy = ForwardProxy()
+    thread = threading.Thread(target=proxy.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    try:
+        src = open_source(uri, FAST, proxy=f"http://127.0.0.1:{proxy.server_address[1]}")
+        manifest = src.fetch_manifest(digest)
+        weights = next(f for f in manifest.files if f.path == "model.safetensors")
+        start, length = chunk_range(weights, 1, manifest.chunk_size)
+        data = b"".join(src.read(weights, start, length))
+        assert data == (bundle_dir / "model.safetensors").read_bytes()[start:start + length]
+        assert proxy.urls[0].endswith(f"/manifests/{digest.replace(':', '-')}.json")
+        assert any(u.endswith(f"/blobs/sha256-{weights.sha256}") for u in proxy.urls)
+        assert all(u.startswith(server.url) for u in proxy.urls)
+        src.close()
+        # without one, nothing goes through it
+        before = len(proxy.urls)
+        with open_source(uri, FAST) as direct:
+            direct.fetch_manifest(digest)
+        assert len(proxy.urls) == before
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
