@@ -175,9 +175,10 @@ def render_history(model: dict[str, Any], events: list[dict[str, Any]], now: flo
                        [[last.get("id") or "-", last.get("result") or "-", short(last.get("from")),
                          short(last.get("to")), last.get("strategy") or "-", last.get("path") or "-",
                          last.get("method") or "-", str(last.get("owners", "-")), str(last.get("replaced", "-"))]])
-        lines += [""] + table(["BYTES", "FETCHED", "REUSED", "WRITTEN"],
-                              [["actual", size(b.get("fetched")), size(b.get("reused")), size(b.get("written"))]]
-                              + ([["predicted", size(p.get("fetched")), size(p.get("reused")),
+        lines += [""] + table(["BYTES", "FETCHED", "FROM PEERS", "REUSED", "WRITTEN"],
+                              [["actual", size(b.get("fetched")), size(b.get("peers")), size(b.get("reused")),
+                                size(b.get("written"))]]
+                              + ([["predicted", size(p.get("fetched")), "-", size(p.get("reused")),
                                    size(p.get("written"))]] if p else []))
         skew = float(last.get("skewSeconds") or 0.0)
         lines += ["", f"  commit {last.get('commit') or 'Rolling'}, skew "
@@ -190,9 +191,10 @@ def render_history(model: dict[str, Any], events: list[dict[str, Any]], now: flo
                                                             "totalSeconds")]])
         nodes = last.get("nodes") or []
         if nodes:
-            lines += [""] + table(["NODE", "OWNERS", "FETCHED", "REUSED", "WRITTEN"],
+            lines += [""] + table(["NODE", "OWNERS", "FETCHED", "FROM PEERS", "REUSED", "WRITTEN"],
                                   [[n.get("node", "-"), str(n.get("owners", "-")), size(n.get("fetched")),
-                                    size(n.get("reused")), size(n.get("written"))] for n in nodes])
+                                    size(n.get("peers")), size(n.get("reused")), size(n.get("written"))]
+                                   for n in nodes])
         if last.get("result") == "failed":
             lines += ["", f"  failed: {last.get('reason') or '-'}: {last.get('message') or ''}"
                           + (f" (owner {last['failedOwner']})" if last.get("failedOwner") else "")]

@@ -71,6 +71,7 @@ class DeliveryObservation:
     fetched: int = 0
     reused: int = 0
     written: int = 0
+    peers: int = 0          # of the fetched bytes, those other nodes' bridges sent
     duration_seconds: float = 0.0
     verified: bool = False
     attempts: int = 0
@@ -108,7 +109,7 @@ def observe_delivery(body: dict[str, Any] | None) -> DeliveryObservation | None:
         phase=st.get("phase") or "Pending", reason=st.get("reason") or "",
         message=st.get("message") or "", method=st.get("method") or "",
         fetched=int(b.get("fetched") or 0), reused=int(b.get("reused") or 0),
-        written=int(b.get("written") or 0),
+        written=int(b.get("written") or 0), peers=int(b.get("peers") or 0),
         duration_seconds=float(st.get("durationSeconds") or 0.0),
         verified=bool(st.get("verified")), attempts=int(st.get("attempts") or 0),
         next_attempt_time=st.get("nextAttemptTime") or "", finished_at=st.get("finishedAt") or "",

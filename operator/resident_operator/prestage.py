@@ -112,7 +112,8 @@ def stage_status(ctx_name: str, spec: ModelSpec, views: list[OwnerView],
             d = observe_delivery(by_name.get(naming.delivery_name(ctx_name, v.slot, v.incarnation, digest)))
             if d is not None and d.staged:
                 row.update(state=STAGED, seconds=round(d.duration_seconds, 3),
-                           bytes={"fetched": d.fetched, "reused": d.reused, "written": d.written})
+                           bytes={"fetched": d.fetched, "reused": d.reused, "written": d.written,
+                                  "peers": d.peers})
                 if d.finished_at:
                     row["finishedAt"] = d.finished_at
             elif d is not None and d.phase == "Failed":

@@ -85,6 +85,7 @@ class Bytes(_Camel):
     fetched: int = 0
     reused: int = 0
     written: int = 0
+    peers: int = 0      # of ``fetched``, what other nodes' bridges sent (peer delivery)
 
 
 class OwnerProgress(_Camel):
@@ -248,7 +249,8 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
         return (Decision(p.model_copy(update={"reason": "DeliveryFailed", "message": why}))
                 if d.retrying else _fail(p, now, "DeliveryFailed", why))
     if d.staged:
-        moved = Bytes() if p.prestaged else Bytes(fetched=d.fetched, reused=d.reused, written=d.written)
+        moved = Bytes() if p.prestaged else Bytes(fetched=d.fetched, reused=d.reused, written=d.written,
+                                                          peers=d.peers)
         p = _to(p, Step.preparing if t.commit == "Lockstep" else Step.applying, delivered_at=now,
                 method=d.method, reason="", message="",
                 staging_seconds=None if p.prestaged else d.duration_seconds or None, bytes=moved)

@@ -34,9 +34,10 @@ def _per_node(owners) -> list[dict[str, Any]]:
     nodes: dict[str, dict[str, Any]] = {}
     for o in owners:
         if o.node:
-            row = nodes.setdefault(o.node, {"node": o.node, "owners": 0, "fetched": 0, "reused": 0, "written": 0})
+            row = nodes.setdefault(o.node, {"node": o.node, "owners": 0, "fetched": 0, "reused": 0, "written": 0,
+                                            "peers": 0})
             row["owners"] += 1
-            for key in ("fetched", "reused", "written"):
+            for key in ("fetched", "reused", "written", "peers"):
                 row[key] += getattr(o.bytes, key)
     return [nodes[n] for n in sorted(nodes)]
 
@@ -65,7 +66,8 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
         "predicted": dict(t.predicted),
         "bytes": {"fetched": sum(o.bytes.fetched for o in owners),
                   "reused": sum(o.bytes.reused for o in owners),
-                  "written": sum(o.bytes.written for o in owners)},
+                  "written": sum(o.bytes.written for o in owners),
+                  "peers": sum(o.bytes.peers for o in owners)},
         "nodes": _per_node(owners),
         "durations": {"deliverSeconds": _max(deliver), "applySeconds": _max(apply),
                       "firstTokenSeconds": _max([o.first_token_seconds for o in owners]),

@@ -24,7 +24,7 @@ def transition(result: str = "running", **extra) -> TransitionState:
         method="graph-swap", predicted={"fetched": 3 * 2**20, "reused": 5 * 2**30}, generation=3,
         startedAt=NOW - 42, result=result, owners=[
             OwnerProgress(slot=0, pod="llm-owner-0-1", podUID="u0", node="node-a", step=Step.done,
-                          bytes=Bytes(fetched=3 * 2**20, reused=5 * 2**30, written=3 * 2**20),
+                          bytes=Bytes(fetched=3 * 2**20, reused=5 * 2**30, written=3 * 2**20, peers=2 * 2**20),
                           startedAt=NOW - 40, deliveredAt=NOW - 30, appliedAt=NOW - 25, finishedAt=NOW - 20,
                           strategy="InPlace", method="graph-swap", firstTokenSeconds=0.8,
                           stagingSeconds=9.5, ownerSeconds=4.0),
@@ -88,10 +88,10 @@ def test_history_shows_the_last_transition_bytes_durations_and_nodes():
               {"reason": "OwnerPodCreated", "message": "not a transition", "time": "2027-01-15T07:00:00Z"}]
     text = "\n".join(view.render_history(model({"lastTransition": last}), events, NOW))
     assert "t-7  succeeded  " + OLD[:19] in text and "InPlace   GraphOnly  graph-swap  2" in text
-    assert "actual     4.0 MiB  5.0 GiB  3.0 MiB" in text
-    assert "predicted  3.0 MiB  5.0 GiB" in text
+    assert "actual     4.0 MiB  2.0 MiB     5.0 GiB  3.0 MiB" in text   # fetched, of which from peers
+    assert "predicted  3.0 MiB  -           5.0 GiB" in text
     assert "10.0s    5.0s   0.8s" in text and "42.0s" in text   # deliver, apply, first token, total
-    assert "node-a  1       3.0 MiB" in text and "node-b  1       1.0 MiB" in text
+    assert "node-a  1       3.0 MiB  2.0 MiB" in text and "node-b  1       1.0 MiB  0 B" in text
     reasons = [line.split()[1] for line in text.splitlines()[text.splitlines().index(
         "Transition Events (kept by the API server for its --event-ttl, 1h by default):") + 2:]]
     assert reasons == ["TransitionPlanned", "TransitionSucceeded"]   # oldest first, others left out

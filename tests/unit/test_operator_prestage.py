@@ -41,13 +41,13 @@ def test_stage_status_per_node_and_the_staged_condition():
     s = spec(stage={"source": "file:///b/b", "digest": B})
     owners = [owner(0, "n1"), owner(1, "n2")]
     staging = [delivery(0, B, {"phase": "Staged", "verified": True, "durationSeconds": 1.25,
-                               "bytes": {"fetched": 7, "reused": 3, "written": 7},
+                               "bytes": {"fetched": 7, "reused": 3, "written": 7, "peers": 5},
                                "finishedAt": "2026-12-03T01:00:00Z"}),
                delivery(1, B, {"phase": "Staging"})]
     status, cond = stage_status("m", s, owners, staging)
     assert status["digest"] == B and status["ready"] == "1/2"
     assert status["nodes"][0] == {"node": "n1", "pod": "m-owner-0", "state": "Staged", "seconds": 1.25,
-                                  "bytes": {"fetched": 7, "reused": 3, "written": 7},
+                                  "bytes": {"fetched": 7, "reused": 3, "written": 7, "peers": 5},
                                   "finishedAt": "2026-12-03T01:00:00Z"}
     assert status["nodes"][1]["state"] == "Staging"
     assert (cond["type"], cond["status"], cond["reason"]) == ("Staged", "False", "Staging")

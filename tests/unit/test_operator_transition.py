@@ -167,13 +167,13 @@ def test_summary_sums_bytes_and_keeps_every_key():
         t.owners[i] = t.owners[i].model_copy(update={
             "step": Step.done, "started_at": 100.0, "delivered_at": 101.0 + i, "applied_at": 103.0 + i,
             "finished_at": 104.0 + i, "strategy": "InPlace", "method": "graph-only", "node": f"node-{1 - i}",
-            "bytes": Bytes(fetched=10 + i, reused=100, written=10)})
+            "bytes": Bytes(fetched=10 + i, reused=100, written=10, peers=4 * i)})
     t.result = "succeeded"
     s = summarize(t, now=110.0)
-    assert s["bytes"] == {"fetched": 21, "reused": 200, "written": 20}
-    # and per node, in node order: what each node's bridge moved
-    assert s["nodes"] == [{"node": "node-0", "owners": 1, "fetched": 11, "reused": 100, "written": 10},
-                          {"node": "node-1", "owners": 1, "fetched": 10, "reused": 100, "written": 10}]
+    assert s["bytes"] == {"fetched": 21, "reused": 200, "written": 20, "peers": 4}
+    # and per node, in node order: what each node's bridge moved, and took from peers
+    assert s["nodes"] == [{"node": "node-0", "owners": 1, "fetched": 11, "reused": 100, "written": 10, "peers": 4},
+                          {"node": "node-1", "owners": 1, "fetched": 10, "reused": 100, "written": 10, "peers": 0}]
     assert s["durations"]["deliverSeconds"] == 2.0 and s["durations"]["applySeconds"] == 2.0
     assert s["durations"]["totalSeconds"] == 10.0
     assert (s["from"], s["to"], s["result"], s["strategy"], s["reason"]) == (A, B, "succeeded", "InPlace", None)
