@@ -12,6 +12,13 @@ take a revision from the bridges that hold it before asking the origin.
 - **Taking**: :meth:`Peering.around` puts the holders in front of the origin
   (:class:`bundle.sources.peers.PeeredSource`); with no holder, or when the peers cannot
   even be listed, the origin is used as before and the delivery says so.
+- **A rollout** (stagings only): when several nodes stage the same revision at once
+  (BundleDeliveries of that digest not yet staged on several nodes) and none holds it,
+  the first of those nodes by name is the *seed*: it fetches from the origin, and the
+  others wait for it to hold the revision, then take it from it (and from each other as
+  they finish). A node stops waiting, and asks the origin, when the seed's delivery
+  failed or went away, when the seed's bridge is not Ready, or after
+  ``SEED_WAIT_SECONDS``: waiting is never worse than the seed's own fetch.
 
 The token the bridge presents is its projected ServiceAccount token with the peer
 audience (``token_file``), read for every request: kubelet rotates it.
@@ -20,6 +27,7 @@ audience (``token_file``), read for every request: kubelet rotates it.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +39,8 @@ from .peer_server import AUDIENCE, PeerServer, TokenReviewer
 
 log = logging.getLogger("resident.bridge.peers")
 ASK_SECONDS = 2.0     # a peer that does not answer within this is not asked for the revision
+SEED_POLL_SECONDS = 1.0
+SEED_WAIT_SECONDS = 900.0   # the longest a node of a rollout waits for the seed
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,7 @@ class PeerSettings:
 class Peering:
     def __init__(self, store, api_client, node_id: str, settings: PeerSettings, metrics=None):
         from kubernetes import client
-        self.core = client.CoreV1Api(api_client)
+        self.core, self.custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
         self.node_id, self.settings = node_id, settings
         self.server = PeerServer(store, TokenReviewer(api_client, settings.account, settings.audience),
                                  settings.address, settings.port, metrics=metrics,
@@ -69,12 +79,46 @@ class Peering:
         return Path(self.settings.token_file).read_text().strip()
 
     def others(self) -> list[tuple[str, str]]:
-        """(node, host:port) of every other running bridge, by node name."""
+        """(node, host:port) of every other bridge that is Ready, by node name."""
         pods = self.core.list_namespaced_pod(self.settings.namespace, label_selector=self.settings.selector,
                                              _request_timeout=10).items
         return sorted((p.spec.node_name, f"{p.status.pod_ip}:{self.port}") for p in pods
                       if p.spec.node_name and p.spec.node_name != self.node_id and p.status.pod_ip
-                      and p.status.phase == "Running" and p.metadata.deletion_timestamp is None)
+                      and p.metadata.deletion_timestamp is None and any(
+                          c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
+
+    def rollout_seed(self, digest: str) -> str | None:
+        """The node that fetches ``digest`` from the origin for the others of a rollout, when
+        that is not this node: of the nodes whose BundleDelivery of ``digest`` is not staged
+        yet (nor failed), the first by name. None when this node stages it alone or is the seed."""
+        from .deliveries import GROUP, PLURAL, VERSION
+        items = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=10)["items"]
+        wanting = set()
+        for bd in items:
+            spec, meta, st = bd.get("spec") or {}, bd["metadata"], bd.get("status") or {}
+            answered = st.get("observedGeneration") == meta.get("generation")
+            if (spec.get("bundle") or {}).get("digest") != digest or meta.get("deletionTimestamp") \
+                    or (answered and st.get("phase") in ("Staged", "Failed")) or not spec.get("nodeName"):
+                continue
+            wanting.add(spec["nodeName"])
+        if self.node_id not in wanting or len(wanting) < 2:
+            return None
+        seed = min(wanting)
+        return None if seed == self.node_id else seed
+
+    def await_seed(self, seed: str, digest: str) -> list[PeerSource]:
+        """Wait for ``seed`` to hold ``digest``; the holders then, or [] when waiting ended."""
+        deadline = time.monotonic() + SEED_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            holders = self.holders(digest)
+            if holders:
+                return holders
+            if self.rollout_seed(digest) != seed or seed not in {n for n, _ in self.others()}:
+                log.info("the rollout's seed stopped; fetching from the origin", extra={"digest": digest,
+                                                                                       "seed": seed})
+                return []
+            time.sleep(SEED_POLL_SECONDS)
+        return []
 
     def holders(self, digest: str) -> list[PeerSource]:
         """The other bridges that hold revision ``digest`` now."""
@@ -97,10 +141,16 @@ class Peering:
             answers = list(pool.map(holds, asked))
         return [pair[1] for pair, held in zip(asked, answers) if held]
 
-    def around(self, origin: Source, digest: str) -> Source:
-        """``origin`` with the peers that hold ``digest`` in front of it, or ``origin`` alone."""
+    def around(self, origin: Source, digest: str, rollout: bool = False) -> Source:
+        """``origin`` with the peers that hold ``digest`` in front of it, or ``origin`` alone.
+        With ``rollout`` (a staging), a node that is not the rollout's seed waits for it."""
         try:
             holders = self.holders(digest)
+            seed = self.rollout_seed(digest) if rollout and not holders else None
+            if seed is not None:
+                log.info("waiting for the rollout's seed to fetch the revision", extra={"digest": digest,
+                                                                                        "seed": seed})
+                holders = self.await_seed(seed, digest)
         except Exception as e:   # the API server away: the origin, as without peers
             log.warning("peers not found; fetching from the origin", extra={
                 "digest": digest, "error": f"{type(e).__name__}: {e}"[:300]})

@@ -155,7 +155,7 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
             source = bridge.publisher.open_source(spec.bundle.source,
                                                   credentials=credentials.of(pub.target_path))
             if bridge.peering is not None and not store.has_revision(digest):
-                source = bridge.peering.around(source, digest)
+                source = bridge.peering.around(source, digest, rollout=True)
             try:
                 manifest = source.fetch_manifest(digest)
                 res = store.materialize(manifest, source, donor=donor, mode=spec.path,

@@ -25,7 +25,7 @@ from kubernetes import client
 
 from localcluster.install import DRIVER, install, node_drivers
 from localcluster.node import LocalCluster
-from localcluster.scenario import BundleServer, Story, make_bundles, model_body, \
+from localcluster.scenario import BundleServer, Story, condition, make_bundles, model_body, \
     node_state, whole_bundle_reload
 from localcluster.traffic import ClosedLoop
 from polling import wait_for
@@ -303,6 +303,46 @@ def test_owners_added_later_take_their_revision_from_the_node_that_holds_it(trio
     finally:
         story.delete_and_wait_gone()
         core.delete_namespace(namespace)
+
+
+def test_a_staged_rollout_takes_each_changed_byte_from_the_origin_once(trio):
+    """Staging for a rollout (docs/peer-delivery.md): three owners stage a new revision at
+    once; the first of their nodes by name fetches it from the origin, the other two wait
+    for it and take it from its bridge, so only one node asks the origin for its files."""
+    from bundle.cpu_model import make_revision
+    from bundle.scan import read_manifest
+
+    base, new = trio.work / "rev-rollout-0", trio.work / "rev-rollout-1"
+    start = make_revision(trio.dirs["a"], base, "rows", fraction=0.01, seed=93, chunk_size=64 * 1024).digest
+    target = make_revision(base, new, "rows", fraction=0.05, seed=94, chunk_size=64 * 1024).digest
+    trio.server.push(base)
+    trio.server.push(new)
+    blobs = {f"/blobs/sha256-{f.sha256}" for f in read_manifest(new).files} \
+        - {f"/blobs/sha256-{f.sha256}" for f in read_manifest(base).files}
+    cluster, namespace = trio.cluster, "rollout"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.wait_for_service_account(namespace)
+    story = Story(cluster, namespace, "m", trio.installation.bridge_root)
+    body = model_body("m", trio.server.url, start)
+    body["spec"]["replicas"] = 3
+    story.apply(body)
+    story.wait_ready(start)
+    nodes = sorted(p.spec.node_name for p in story.owner_pods())
+    assert len(set(nodes)) == 3, nodes
+    log = next((trio.work / "logs").glob("bundle-server-*.log"))
+    mark = log.stat().st_size
+    try:
+        story.patch_spec({"stage": {"source": trio.server.url, "digest": target}})
+        rm = story.wait("staged on every node", lambda rm: condition(rm, "Staged").get("status") == "True"
+                        and (rm["status"].get("stage") or {}).get("ready") == "3/3", timeout=240)
+        asked = [json.loads(line) for line in log.read_text()[mark:].splitlines() if line.startswith("{")]
+        clients = {a.get("client") for a in asked if a.get("path") in blobs}
+        assert len(clients) == 1, f"{len(clients)} nodes asked the origin for the new files: {clients}"
+        from_peers = {n["node"]: (n.get("bytes") or {}).get("peers", 0) for n in rm["status"]["stage"]["nodes"]}
+        assert from_peers[nodes[0]] == 0 and all(from_peers[n] > 0 for n in nodes[1:]), from_peers
+    finally:
+        story.delete_and_wait_gone()
+        client.CoreV1Api(cluster.api_client()).delete_namespace(namespace)
 
 
 SOAK_SEED = 326   # its 3 minutes make ten faults of ten kinds (all but bridge-killed)
