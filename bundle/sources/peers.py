@@ -15,9 +15,11 @@ revisions its store holds (:mod:`csi_bridge.peer_server`)::
 - every chunk comes from a peer, spread over the peers by chunk index, several chunks in
   flight at once; each is hashed against the manifest *before* it is handed on;
 - a peer that serves a chunk whose hash is wrong is marked corrupt and not asked again
-  for this revision; a peer that fails (refused, gone, dead mid-transfer, still busy after
-  three short waits) is marked down: only its unfinished chunks are lost, and they go to
-  the next peer or the origin;
+  for this revision; a peer that fails (refused, gone, dead mid-transfer) is marked down:
+  only its unfinished chunks are lost, and they go to the next peer or the origin;
+- a busy peer (503: at its transfer limit) is not dropped: the chunk goes to the next
+  peer, and when every holder is busy it waits a moment and asks again; a peer busy for
+  ``BUSY_DROP_SECONDS`` without serving a chunk is dropped;
 - the origin serves what no peer could: peer trouble is never worse than no peers.
 
 It counts the bytes each place sent (:attr:`PeeredSource.tally`), so a delivery can say
@@ -29,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,10 +47,22 @@ from .source import Source, check_range, verify_manifest
 
 log = logging.getLogger("resident.bundle.peers")
 
-#: a peer is another node on the cluster network: a busy one (503) is asked again after
-#: 0.2, 0.4 and 0.8 s, and one that still fails is dropped for the revision
-PEER_POLICY = RetryPolicy(attempts=4, backoff_seconds=0.2, connect_timeout_seconds=2.0,
+#: a peer is another node on the cluster network: fail fast, then go elsewhere
+PEER_POLICY = RetryPolicy(attempts=2, backoff_seconds=0.1, connect_timeout_seconds=2.0,
                           read_timeout_seconds=10.0)
+BUSY_POLL_SECONDS = 0.2     # a chunk whose every holder is busy asks again after this
+BUSY_DROP_SECONDS = 10.0    # a holder busy this long without serving a chunk is dropped
+
+
+def _busy(error: BaseException) -> bool:
+    """Whether a peer's failure is its 503: at its transfer limit (or unable to review the
+    token just now), so it is there and may serve the chunk a moment later."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if "HTTP 503" in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 class _Bearer(requests.auth.AuthBase):
@@ -116,6 +131,7 @@ class PeeredSource(Source):
         self.chunk_size: int | None = None
         self.parallel = max(1, parallel)
         self.tally = PeerTally()
+        self._busy_since: dict[str, float] = {}   # node -> when it began answering busy
         self._lock = threading.Lock()
 
     # -- the manifest --------------------------------------------------------------------
@@ -131,7 +147,8 @@ class PeeredSource(Source):
             except IntegrityMismatch as e:
                 self._drop(peer, f"served a manifest that does not hash to the digest: {e}", corrupt=True)
             except (SourceUnavailable, requests.RequestException, OSError) as e:
-                self._drop(peer, f"{type(e).__name__}: {e}")
+                if not _busy(e):   # a busy peer keeps its chunks' turn; the manifest goes on
+                    self._drop(peer, f"{type(e).__name__}: {e}")
         manifest = manifest or self.origin.fetch_manifest(digest)
         self.chunk_size = manifest.chunk_size
         for peer in self.peers:
@@ -186,19 +203,33 @@ class PeeredSource(Source):
     def _chunk(self, entry: FileEntry, i: int) -> bytes:
         start, size = chunk_range(entry, i, self.chunk_size) if entry.chunks else (0, entry.size)
         expected = entry.chunks[i] if entry.chunks else entry.sha256
-        for peer in self._usable(i):
-            try:
-                data = b"".join(peer.read(entry, start, size))
-            except (SourceUnavailable, IntegrityMismatch, requests.RequestException, OSError) as e:
-                self._drop(peer, f"{type(e).__name__}: {e}")
-                continue
-            if len(data) != size or hashlib.sha256(data).hexdigest() != expected:
-                self._drop(peer, f"served chunk {i} of {entry.path} with a wrong hash", corrupt=True)
-                continue
-            with self._lock:
-                self.tally.peers[peer.node] = self.tally.peers.get(peer.node, 0) + size
-            return data
-        return b"".join(self._from_origin(entry, start, size))
+        while True:
+            busy = False
+            for peer in self._usable(i):
+                try:
+                    data = b"".join(peer.read(entry, start, size))
+                except (SourceUnavailable, IntegrityMismatch, requests.RequestException, OSError) as e:
+                    if _busy(e) and not self._busy_too_long(peer):
+                        busy = True
+                    else:
+                        self._drop(peer, f"{type(e).__name__}: {e}")
+                    continue
+                if len(data) != size or hashlib.sha256(data).hexdigest() != expected:
+                    self._drop(peer, f"served chunk {i} of {entry.path} with a wrong hash", corrupt=True)
+                    continue
+                with self._lock:
+                    self.tally.peers[peer.node] = self.tally.peers.get(peer.node, 0) + size
+                    self._busy_since.pop(peer.node, None)
+                return data
+            if not busy:
+                return b"".join(self._from_origin(entry, start, size))
+            time.sleep(BUSY_POLL_SECONDS)
+
+    def _busy_too_long(self, peer: PeerSource) -> bool:
+        """Note that ``peer`` is busy; True once it has been for ``BUSY_DROP_SECONDS``."""
+        with self._lock:
+            since = self._busy_since.setdefault(peer.node, time.monotonic())
+        return time.monotonic() - since > BUSY_DROP_SECONDS
 
     def _from_origin(self, entry: FileEntry, offset: int, length: int) -> Iterator[bytes]:
         for block in self.origin.read(entry, offset, length):

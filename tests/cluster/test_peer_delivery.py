@@ -183,14 +183,24 @@ def test_a_peer_that_dies_mid_transfer_costs_only_its_unfinished_chunks(peers):
     assert source.tally.peers.get("node-1", 0) < total // 2 < source.tally.peers["node-2"]
 
 
-def test_a_busy_peer_answers_503_and_its_chunk_goes_elsewhere(peers):
+def test_a_busy_peer_answers_503_and_its_chunk_goes_to_another_peer_or_waits_for_it(peers):
     busy = peers.servers["node-1"]
     busy.slots = threading.BoundedSemaphore(1)
     busy.slots.acquire()                       # one transfer already in flight
     origin = CountingOrigin(f"file://{peers.bundle}")
     _, source = take(peers, origin, peers.peers())
-    assert peers.count("node-1", "busy") >= 1 and "node-1" in source.tally.down
+    assert peers.count("node-1", "busy") >= 1 and "node-1" not in source.tally.down
     assert source.tally.origin == 0 and source.tally.peers["node-2"] == sum(f.size for f in peers.manifest.files)
+    # the only holder busy for a moment: the chunks wait for it, nothing from the origin
+    peers.servers["node-2"].stop()
+    store = Store(peers.tmp / "node-4")
+    freed = threading.Timer(1.5, busy.slots.release)
+    freed.start()
+    source = PeeredSource(origin, peers.peers()[:1])
+    store.materialize(source.fetch_manifest(peers.manifest.digest), source, mode="WholeBundle")
+    freed.join()
+    assert source.tally.origin == 0 and not source.tally.down
+    assert source.tally.peers["node-1"] == sum(f.size for f in peers.manifest.files)
 
 
 def test_a_blob_collected_mid_read_is_still_served_whole(peers):
