@@ -258,6 +258,18 @@ def test_a_lost_node_is_replaced_elsewhere_and_leaves_nothing_when_it_returns(tr
              timeout=120, what=f"nothing of the old owner left on {lost}", every=1)
 
 
+def peer_log_lines(trio) -> list[str]:
+    """What the bridges logged about peers, for a failure's message."""
+    out = []
+    for pod in client.CoreV1Api(trio.cluster.api_client()).list_namespaced_pod(
+            trio.installation.namespace, label_selector="app.kubernetes.io/component=bridge").items:
+        text = trio.cluster.kubectl("logs", "-n", trio.installation.namespace, pod.metadata.name,
+                                    "-c", "bridge", check=False).stdout
+        out += [f"{pod.spec.node_name}: {line[:400]}" for line in text.splitlines()
+                if "peer" in line or "revision fetched" in line or "seed" in line]
+    return out[-40:]
+
+
 def test_owners_added_later_take_their_revision_from_the_node_that_holds_it(trio):
     """Peer delivery (docs/peer-delivery.md): a model on a revision only its first owner's
     node holds is scaled to three; the two new owners' bridges take every byte of it from
@@ -294,7 +306,8 @@ def test_owners_added_later_take_their_revision_from_the_node_that_holds_it(trio
         story.wait("3/3 ready", lambda rm: (rm.get("status") or {}).get("ready") == "3/3", timeout=240)
         asked = [json.loads(line).get("path") for line in log.read_text()[mark:].splitlines()
                  if line.startswith("{")]
-        assert not blobs & set(asked), f"the origin served files of {digest} again: {sorted(blobs & set(asked))}"
+        assert not blobs & set(asked), (f"the origin served files of {digest} again: {sorted(blobs & set(asked))}; "
+                                        f"the bridges said: {peer_log_lines(trio)}")
         # what the new nodes did not hold already (their stores share unchanged files and
         # chunks with revision A) came from the holder
         after = served()
@@ -337,7 +350,8 @@ def test_a_staged_rollout_takes_each_changed_byte_from_the_origin_once(trio):
                         and (rm["status"].get("stage") or {}).get("ready") == "3/3", timeout=240)
         asked = [json.loads(line) for line in log.read_text()[mark:].splitlines() if line.startswith("{")]
         clients = {a.get("client") for a in asked if a.get("path") in blobs}
-        assert len(clients) == 1, f"{len(clients)} nodes asked the origin for the new files: {clients}"
+        assert len(clients) == 1, (f"{len(clients)} nodes asked the origin for the new files: {clients}; "
+                                   f"the bridges said: {peer_log_lines(trio)}")
         from_peers = {n["node"]: (n.get("bytes") or {}).get("peers", 0) for n in rm["status"]["stage"]["nodes"]}
         assert from_peers[nodes[0]] == 0 and all(from_peers[n] > 0 for n in nodes[1:]), from_peers
     finally:
