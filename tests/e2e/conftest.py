@@ -1,8 +1,8 @@
 """The e2e layer's shared node: one LocalCluster with Resident installed by its chart,
 demo bundles in four revisions on a bundle server, for every test of this folder that
 asks for ``world``. It is set up when first needed and stopped at the end of the session;
-tests that start and stop clusters of their own (the node tests, the copied-digest test,
-the several-nodes module) run before it exists, whatever their names: one kubelet per machine
+tests that start and stop clusters of their own (the node tests, the several-nodes
+module) run before it exists, whatever their names: one kubelet per machine
 (:func:`pytest_collection_modifyitems` orders them)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Tenant isolation on a real node (issue #14): a digest copied from another tenant gets
 nothing out of the node's store unless the copier's own source serves it.
 
-Tenant A runs a model on revision A, so the node store holds A. Tenant B names A's digest
+Tenant A runs a model on a revision of its own (A), so the node store holds A. Tenant B names A's digest
 with a source of its own: a working bundle server that holds another revision, not A.
 B's ResidentModel declares the digest, so namespace authorization alone would let it
 through; what stops it is the bridge's proof of possession (csi_bridge/possession.py).
@@ -18,15 +18,12 @@ import time
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from localcluster.install import install
 from localcluster.kubelet import ROOT_DIR
-from localcluster.node import LocalCluster
-from localcluster.scenario import BundleServer, Story, condition, make_bundles, model_body, node_state
+from localcluster.scenario import BundleServer, Story, condition, model_body, node_state
 
 from machine_state import mounts_below
 from polling import wait_for
 
-SIZE = 1 << 20
 TENANT_A, TENANT_B = "e2e-tenant-a", "e2e-tenant-b"
 WATCH_SECONDS = 15.0  # kubelet retries a failed mount after 0.5, 1, 2, 4, 8 s: several refusals
 
@@ -55,28 +52,27 @@ def copied_volume_pod(story: Story, owner: client.V1Pod, source: str) -> dict:
                      "volumes": [{"name": "bundle", "csi": csi}]}}
 
 
-def test_a_copied_digest_with_a_bogus_source_is_refused_and_mounts_nothing(tmp_path):
-    revs, dirs = make_bundles(tmp_path, SIZE)
-    with LocalCluster() as cluster, BundleServer(tmp_path / "served", tmp_path / "logs", cluster=cluster) as server, \
-            BundleServer(tmp_path / "elsewhere", tmp_path / "logs-elsewhere", cluster=cluster) as elsewhere:
-        server.push(dirs["a"])
-        elsewhere.push(dirs["b"])                # B's source serves bundles, only not A
-        installation = install(cluster)
+def test_a_copied_digest_with_a_bogus_source_is_refused_and_mounts_nothing(world, tmp_path):
+    cluster, installation, server = world.cluster, world.installation, world.server
+    revision_a = world.fresh_revision("a", "rows", seed=51)     # held by tenant A alone
+    with BundleServer(tmp_path / "elsewhere", tmp_path / "logs-elsewhere", cluster=cluster) as elsewhere:
+        elsewhere.push(world.dirs["b"])          # B's source serves bundles, only not A
         a = tenant(cluster, installation, TENANT_A, "model")
-        a.apply(model_body(a.name, server.url, revs.a))
-        a.wait_ready(revs.a)
+        a.apply(model_body(a.name, server.url, revision_a))
+        a.wait_ready(revision_a)
         owner = a.owner_pods()[0]
         ready_since = condition(a.get(), "Ready")["lastTransitionTime"]
         leases = node_state(installation.bridge_root)["leases"]
-        assert [d for _, d in leases] == [revs.a]  # the store holds A, leased by A's volume
+        holders = [h for h, d in leases if d == revision_a]   # the store holds A, leased by A's volume
+        assert len(holders) == 1 and holders[0].startswith("volume:"), holders
 
         def a_serves_on_a() -> None:
             rm = a.get()
-            assert rm["status"]["phase"] == "Ready" and rm["status"]["identity"]["bundle"] == revs.a
+            assert rm["status"]["phase"] == "Ready" and rm["status"]["identity"]["bundle"] == revision_a
             assert condition(rm, "Ready")["lastTransitionTime"] == ready_since, rm["status"]["conditions"]
             assert [p.metadata.uid for p in a.owner_pods()] == [owner.metadata.uid]
             _, answer = a.complete("Resident keeps", max_tokens=4)
-            assert answer["system_fingerprint"] == revs.a
+            assert answer["system_fingerprint"] == revision_a
 
         def b_never_ready(rm: dict) -> None:
             assert rm["status"].get("phase") != "Ready" and condition(rm, "Ready").get("status") != "True"
@@ -84,7 +80,7 @@ def test_a_copied_digest_with_a_bogus_source_is_refused_and_mounts_nothing(tmp_p
 
         # 1. through the operator: the first-placement source check refuses, no owner Pod
         b = tenant(cluster, installation, TENANT_B, "copied")
-        b.apply(model_body(b.name, elsewhere.url, revs.a))
+        b.apply(model_body(b.name, elsewhere.url, revision_a))
         rm = b.wait("Degraded for its source", lambda rm: condition(rm, "Degraded").get("status") == "True",
                     timeout=60)
         degraded = condition(rm, "Degraded")
@@ -98,8 +94,8 @@ def test_a_copied_digest_with_a_bogus_source_is_refused_and_mounts_nothing(tmp_p
         refused = wait_for(lambda: [e for e in b.failed_mounts("copied-digest") if "PermissionDenied" in e.message],
                            timeout=60, what="kubelet's FailedMount with PermissionDenied", every=0.5)
         message = refused[0].message
-        assert f"namespace {TENANT_B!r} may not mount {revs.a}" in message, message
-        assert f"source {elsewhere.url} did not serve the manifest of {revs.a}" in message, message
+        assert f"namespace {TENANT_B!r} may not mount {revision_a}" in message, message
+        assert f"source {elsewhere.url} did not serve the manifest of {revision_a}" in message, message
         assert "HTTP 404" in message, message
         pod = b.core.read_namespaced_pod("copied-digest", TENANT_B)
         pod_dir = str(ROOT_DIR / "pods" / pod.metadata.uid)
