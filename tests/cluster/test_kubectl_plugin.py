@@ -119,7 +119,7 @@ def test_history_shows_last_transition_and_transition_events(cluster, namespace,
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "t-1  succeeded" in out and "Reload    WholeBundle  reload" in out
-    assert "actual  7.0 GiB  0 B     7.0 GiB" in out
+    assert "actual  7.0 GiB  -           0 B     7.0 GiB" in out   # no bytes from peers recorded
     assert "1m02s    12.2s  0.5s" in out   # deliver, apply, first token
     assert "node-a  1       3.5 GiB" in out
     assert "TransitionFailed  1      transition to sha256:000000000000 failed: Timeout: too slow" in out
@@ -149,7 +149,7 @@ def test_watch_redraws_on_a_status_change_and_ctrl_c_exits_cleanly(cluster, name
             "phase": "Ready", "ready": "2/2", "transition": None}})
         wait_for("Phase:       Ready")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=30) == 0   # 10 s was too short once under the whole suite's load
         assert "Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:

@@ -125,7 +125,9 @@ def test_an_owner_that_cannot_prepare_keeps_every_replica_on_the_old_revision(
             for owner, _, _ in node.owners.values():
                 assert owner.identity().identity.bundle == d["base"]
         assert "LockstepAborted" in api.reasons("lm")
-        assert next(c for c in s["conditions"] if c["type"] == "Degraded")["status"] == "True"
+        # Degraded follows the failed switch, not always in the same status write
+        wait_for(lambda: next(c for c in status(api)["conditions"] if c["type"] == "Degraded")["status"] == "True",
+                 timeout=30, what="Degraded after the aborted switch")
         stuck.stage_deliveries.set()
 
 
