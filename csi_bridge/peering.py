@@ -110,22 +110,24 @@ class Peering:
         """Wait for ``seed`` to hold ``digest``; the holders then, or [] when waiting ended."""
         deadline = time.monotonic() + SEED_WAIT_SECONDS
         while time.monotonic() < deadline:
-            holders = self.holders(digest)
+            others = self.others()
+            holders = self.holders(digest, others)
             if holders:
                 return holders
-            if self.rollout_seed(digest) != seed or seed not in {n for n, _ in self.others()}:
+            if self.rollout_seed(digest) != seed or seed not in {n for n, _ in others}:
                 log.info("the rollout's seed stopped; fetching from the origin", extra={"digest": digest,
                                                                                        "seed": seed})
                 return []
             time.sleep(SEED_POLL_SECONDS)
         return []
 
-    def holders(self, digest: str) -> list[PeerSource]:
-        """The other bridges that hold revision ``digest`` now."""
+    def holders(self, digest: str, others: list[tuple[str, str]] | None = None) -> list[PeerSource]:
+        """The other bridges (``others``, listed now when not given) that hold revision
+        ``digest`` now."""
         from bundle.sources.ranged import RetryPolicy
         quick = RetryPolicy(attempts=1, connect_timeout_seconds=ASK_SECONDS, read_timeout_seconds=ASK_SECONDS)
         asked = [(PeerSource(node, address, self.token, policy=quick), PeerSource(node, address, self.token))
-                 for node, address in self.others()]
+                 for node, address in (self.others() if others is None else others)]
 
         def holds(pair) -> bool:
             try:
