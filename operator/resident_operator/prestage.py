@@ -65,7 +65,10 @@ def ensure_stages(ctx: ModelContext, state: ModelState, spec: ModelSpec, views: 
     wanted = wanted_stages(spec, state.bundle, state.previous)
     owners = stage_owners(spec, views)
     by_name = {bd["metadata"]["name"]: bd for bd in deliveries}
-    for v in owners:
+    # In node-name order: the first of a rollout's nodes by name fetches the revision from the
+    # origin for the others (docs/peer-delivery.md), so its delivery must exist before theirs,
+    # or a bridge that sees its own alone fetches from the origin too.
+    for v in sorted(owners, key=lambda v: (v.node, v.slot)):
         for digest, source in wanted.items():
             if v.identity.get("bundle") == digest:
                 continue   # this owner runs it already (a partly failed transition)

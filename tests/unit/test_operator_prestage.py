@@ -89,3 +89,18 @@ def test_a_switch_remembers_the_revision_left_only_when_kept():
     assert state.previous == {"digest": A, "source": "file:///b/a"} and "previousBundle" not in writes[-1]
     state.commit_bundle(C, "file:///b/c", keep_previous=False)
     assert state.previous is None and writes[-1]["previousBundle"] is None
+
+
+def test_a_stagings_deliveries_are_created_in_node_name_order(monkeypatch):
+    """The first of a rollout's nodes by name fetches from the origin for the others
+    (docs/peer-delivery.md): its delivery is created first, whatever its owner's slot."""
+    from types import SimpleNamespace
+
+    from resident_operator import prestage
+    created = []
+    monkeypatch.setattr(prestage, "create_child", lambda ctx, state, bd: created.append(bd["spec"]["nodeName"]) or bd)
+    ctx = SimpleNamespace(name="m", uid="uid-m", event=lambda *a, **k: None)
+    state = SimpleNamespace(bundle={"digest": A, "source": "file:///b/a"}, previous=None, children=[])
+    s = spec(replicas=3, stage={"source": "file:///b/b", "digest": B})
+    prestage.ensure_stages(ctx, state, s, [owner(0, "node-2"), owner(1, "node-3"), owner(2, "node-1")], [])
+    assert created == ["node-1", "node-2", "node-3"]
