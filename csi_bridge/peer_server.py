@@ -36,6 +36,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -124,6 +125,17 @@ class RateLimit:
             time.sleep(start - now)
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        """A peer that closes its connection between requests (a probe done with it) is no
+        error; anything else is logged in the bridge's structured form, not as a bare traceback."""
+        err = sys.exc_info()[1]
+        if isinstance(err, (ConnectionResetError, BrokenPipeError, TimeoutError)):
+            return
+        log.warning("a peer request failed", extra={"peer": str(client_address[0]),
+                                                    "error": f"{type(err).__name__}: {err}"[:300]})
+
+
 class PeerServer:
     """Serve ``store`` to peers on ``address:port`` (port 0: any free one)."""
 
@@ -155,7 +167,7 @@ class PeerServer:
             def log_message(self, *args):   # structured logs only
                 pass
 
-        self.httpd = ThreadingHTTPServer((address, port), Handler)
+        self.httpd = _Server((address, port), Handler)
         self.httpd.daemon_threads = True
         self.address = f"{address}:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="peer-server", daemon=True)

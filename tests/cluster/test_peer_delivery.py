@@ -236,3 +236,18 @@ def test_with_every_peer_gone_the_origin_serves_and_the_delivery_says_so(peers):
     total = sum(f.size for f in peers.manifest.files)
     assert source.tally.origin == total and source.tally.from_peers == 0
     assert set(source.tally.down) == {"node-1", "node-2"}
+
+
+def test_a_peer_that_resets_its_connection_between_requests_leaves_no_traceback(peers, capfd):
+    """A probe (``Peering.holders``) closes its keep-alive connection when done: the server
+    takes that quietly; the bridge's log stays structured."""
+    import socket
+    import struct
+    host, port = peers.servers["node-1"].address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(f"GET /v1/manifests/sha256-{peers.manifest.digest.split(':')[1]}.json HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert s.recv(64).startswith(b"HTTP/1.1 401")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # close with RST
+    time.sleep(0.5)   # the server's thread reads the reset
+    assert peers.count("node-1", "no-token") == 1
+    assert "Traceback" not in capfd.readouterr().err
