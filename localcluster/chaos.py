@@ -61,6 +61,7 @@ STAGE_WAIT_SECONDS = 60.0      # a staged switch switches after this even if not
 SETTLE_SECONDS = 300.0         # after the last fault: time for every switch to end and model to recover
 TICK_SECONDS = 0.5
 CLIENT_PAUSE_SECONDS = 0.05    # between a client's answer and its next request: load, not a busy loop
+LIVE_CONTAINER_SECONDS = 30.0   # how long a fault waits for the API server to name a restarted container
 
 
 @dataclass(frozen=True)
@@ -312,26 +313,32 @@ class Soak:
             self.injected.append(record)
         try:
             if f.kind in ("owner-deleted", "owner-stalled"):
-                pods = self._owner_pods()
-                pod, key = pods[f.pick % len(pods)]
+                def pick():
+                    pods = self._owner_pods()
+                    pod, key = pods[f.pick % len(pods)]
+                    return pod, pod.spec.containers[0].name, (key, pods)
+                pod, container, (key, pods) = self._live(pick)
                 record.target, record.affects = f"pod {pod.metadata.namespace}/{pod.metadata.name}", [key]
                 record.sole = [key] if sum(1 for _, k in pods if k == key) == 1 else []
                 self.log(f"soak {self.now():7.1f}s: {f.kind} {record.target}")
                 if f.kind == "owner-deleted":
                     self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
                 else:
-                    with faults.frozen(faults.container_id(pod, pod.spec.containers[0].name)):
+                    with faults.frozen(container):
                         time.sleep(f.hold)
             elif f.kind in ("bridge-killed", "operator-killed"):
                 component = f.kind.split("-")[0]
-                pods = [p for p in self.core.list_namespaced_pod(
-                    self.installation.namespace, label_selector=f"app.kubernetes.io/component={component}").items
-                        if p.status.container_statuses and p.status.phase == "Running"]
-                pods.sort(key=lambda p: p.metadata.name)
-                pod = pods[f.pick % len(pods)]
+
+                def pick():
+                    pods = [p for p in self.core.list_namespaced_pod(
+                        self.installation.namespace, label_selector=f"app.kubernetes.io/component={component}").items
+                            if p.status.container_statuses and p.status.phase == "Running"]
+                    pods.sort(key=lambda p: p.metadata.name)
+                    return pods[f.pick % len(pods)], component, None
+                pod, container, _ = self._live(pick)
                 record.target = f"pod {pod.metadata.name} on {pod.spec.node_name}"
                 self.log(f"soak {self.now():7.1f}s: {f.kind} {record.target}")
-                faults.kill(faults.container_id(pod, component))
+                faults.kill(container)
             elif f.kind in ("kubelet-killed", "containerd-killed"):
                 node = self.cluster.nodes[f.pick % len(self.cluster.nodes)]
                 record.target = f"node {node.name}"
@@ -370,6 +377,26 @@ class Soak:
             record.error = f"{type(e).__name__}: {e}"[:300]
             self.log(f"soak {self.now():7.1f}s: {f.kind} not made: {record.error}")
         record.cleared = self.now()
+
+    @staticmethod
+    def _live(pick, wait: float = LIVE_CONTAINER_SECONDS):
+        """``pick()`` -> (Pod, container name, extra) read again until the container's
+        processes exist, then (Pod, its container ID, extra). Right after a restart the API
+        server still names the container that died (the kubelet reports the new one later)."""
+        deadline = time.monotonic() + wait
+        while True:
+            pod, name, extra = pick()
+            cid = next((s.container_id for s in pod.status.container_statuses or []
+                        if s.name == name and s.state and s.state.running), None)
+            try:
+                if cid is None:
+                    raise LookupError(f"container {name} of {pod.metadata.name} is not running")
+                faults.container_pids(cid)
+                return pod, cid, extra
+            except LookupError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def _owner_pods(self) -> list[tuple[client.V1Pod, str]]:
         """(Pod, model) of every owner whose containers run (a restarting one has no
