@@ -17,7 +17,7 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .runtime import Owner, Refused
+from .runtime import Owner, Refused, wait_quiet
 
 log = logging.getLogger("resident.owner.http")
 MAX_BODY = 1024 * 1024
@@ -121,14 +121,8 @@ class OwnerServer(ThreadingHTTPServer):
 def drain(server: OwnerServer, quiet_seconds: float, limit_seconds: float) -> float:
     """After SIGTERM, keep answering until no request came for ``quiet_seconds``, at most
     ``limit_seconds``; returns the seconds it waited. The Pod leaves its Service's endpoints
-    when it is deleted, but each node's kube-proxy follows a moment later: until then
-    clients are still sent here, and closing at once would reset their connections."""
-    start = time.monotonic()
-    while True:
-        now = time.monotonic()
-        if now - max(server.last_request, start) >= quiet_seconds or now - start >= limit_seconds:
-            return now - start
-        time.sleep(min(0.05, quiet_seconds))
+    when it is deleted, but each node's kube-proxy follows a moment later."""
+    return wait_quiet(lambda: server.last_request, quiet_seconds, limit_seconds)
 
 
 def bind(handler: type[OwnerHandler], host: str, port: int, **attributes) -> OwnerServer:

@@ -37,6 +37,25 @@ from .revisions import Revision, RevisionError, RevisionNotFound, open_revision
 from .transitions import new_status, run_transition
 
 log = logging.getLogger("resident.owner")
+
+DRAIN_QUIET_SECONDS = 1.0    # a drain ends when no request came for this long
+DRAIN_LIMIT_SECONDS = 60.0   # and at the latest this long after it began
+
+
+def wait_quiet(last_request, quiet_seconds: float, limit_seconds: float, at_least: float = 0.0,
+               stop: threading.Event | None = None) -> float:
+    """Wait until ``at_least`` seconds passed and ``last_request()`` (a monotonic time) is
+    ``quiet_seconds`` old, at most ``limit_seconds``, or until ``stop`` is set; returns the
+    seconds waited. Proxies send clients to a Pod for a moment after it left the endpoints:
+    ending at once would reset their connections, or turn them away."""
+    start = time.monotonic()
+    while stop is None or not stop.is_set():
+        now = time.monotonic()
+        if now - start >= limit_seconds or (
+                now - start >= at_least and now - max(last_request(), start) >= quiet_seconds):
+            break
+        time.sleep(min(0.05, quiet_seconds))
+    return time.monotonic() - start
 MAX_REMEMBERED = 100
 RETRY_AFTER_SECONDS = 1
 
@@ -74,6 +93,7 @@ class Owner:
         self.engine = threading.Lock()
         self.reloading = False
         self.closing = threading.Event()  # cuts a reload's drain short at shutdown
+        self.last_request = 0.0           # monotonic time the last inference request came
         self.terminating = False          # SIGTERM came: not ready while the last requests drain
         self.transition_guard = threading.Lock()
         self.finished = threading.Condition()   # notified when a transition's result is set
@@ -142,6 +162,17 @@ class Owner:
         for variant in self.backend.variants():
             first_token(self.backend, variant)
 
+    def drain(self, at_least: float) -> float:
+        """A reload's drain: not ready and still serving the old revision, for ``at_least``
+        seconds (the operator's readiness period and a margin), then until no request came
+        for ``DRAIN_QUIET_SECONDS``, at most ``DRAIN_LIMIT_SECONDS`` in all; returns the
+        seconds it took. Taking the owner out of the Service goes kubelet -> API server ->
+        EndpointSlice -> every node's kube-proxy: while that path is slow or down (an API
+        server restarting, a kubelet killed), clients are still sent here, and the old
+        revision answers them instead of a 503. Shutdown cuts it short."""
+        return wait_quiet(lambda: self.last_request, DRAIN_QUIET_SECONDS, max(at_least, DRAIN_LIMIT_SECONDS),
+                          at_least=at_least, stop=self.closing)
+
     # -- inference ---------------------------------------------------------------
     @contextmanager
     def serving(self) -> Iterator[str]:
@@ -149,6 +180,7 @@ class Owner:
 
         Waits at most ``apply_wait_seconds`` behind an in-place apply; during a reload, or
         with no model loaded, refuses at once with 503 and a Retry-After."""
+        self.last_request = time.monotonic()
         try:
             with self.revision_lock.shared(self.apply_wait_seconds):
                 digest = self.live_digest()

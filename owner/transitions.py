@@ -189,7 +189,8 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
     owner.reloading = leave_endpoints and beside is None  # /readyz 503 until the new revision answered
     if drain_seconds and beside is None:
         log.info("draining before reload", extra={"transition": st.id, "seconds": drain_seconds})
-        owner.closing.wait(drain_seconds)  # still serving the old revision meanwhile
+        waited = owner.drain(drain_seconds)  # still serving the old revision meanwhile
+        log.info("drained", extra={"transition": st.id, "seconds": round(waited, 3)})
     # a swap is brief: requests wait for it, as for an in-place apply; a load turns them away
     with owner.revision_lock.exclusive(closed=beside is None):
         t1 = time.perf_counter()

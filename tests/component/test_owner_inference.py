@@ -22,7 +22,7 @@ from owner.backends.cpu import CpuBackend
 from owner.inference import make_inference_server
 from testkit.local_volume import stage_revision
 from owner.revisions import open_revision
-from owner.runtime import Owner
+from owner.runtime import DRAIN_QUIET_SECONDS, Owner
 from owner.server import make_server
 
 TOKEN = "control-t0ken"
@@ -278,6 +278,26 @@ def test_reload_drain_turns_not_ready_while_the_old_revision_still_serves(volume
         st = o.finished(tid)
         assert st["result"] == "succeeded" and st["timings"]["totalSeconds"] >= 1.5
         assert o.ready() == 200 and o.complete().headers["Resident-Revision"] == d["whole"]
+
+
+def test_a_reload_drains_until_no_client_is_sent_here_any_more(volume, reference):
+    """Leaving the Service can take longer than ``drainSeconds`` (an API server restarting,
+    a kubelet killed: the chaos soak saw both): while requests still come, the old revision
+    answers them, and the reload begins only after a quiet second."""
+    vol, d = volume
+    with serving(vol) as o:
+        tid = o.transition(d["whole"], strategy="Reload", drain=0.3)
+        answers, t0 = [], time.monotonic()
+        with requests.Session() as s:
+            while time.monotonic() - t0 < 2.5:   # a proxy that has not heard yet
+                last = time.monotonic()
+                r = s.post(o.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8}, timeout=10)
+                answers.append((r.status_code, r.headers.get("Resident-Revision")))
+                time.sleep(0.05)
+        assert set(answers) == {(200, d["base"])}, set(answers)
+        st = o.finished(tid)
+        assert st["result"] == "succeeded" and st["timings"]["totalSeconds"] >= last - t0 + DRAIN_QUIET_SECONDS
+        assert o.complete().headers["Resident-Revision"] == d["whole"]
 
 
 def test_drain_seconds_out_of_range_is_refused(volume):
