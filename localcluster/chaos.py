@@ -361,7 +361,7 @@ class Soak:
             elif f.kind in NODE_FAULTS:
                 name = self.cluster.nodes[f.pick % len(self.cluster.nodes)].name
                 record.target = f"node {name}"
-                pods = self._owner_pods()
+                pods = self._owner_pods(running=False)   # a starting or draining owner dies with its node too
                 record.affects = sorted({key for pod, key in pods if pod.spec.node_name == name})
                 record.sole = [k for k in record.affects if all(p.spec.node_name == name for p, key in pods if key == k)]
                 self.log(f"soak {self.now():7.1f}s: {f.kind} {name} for {f.hold:.1f} s")
@@ -398,13 +398,13 @@ class Soak:
                     raise
                 time.sleep(0.5)
 
-    def _owner_pods(self) -> list[tuple[client.V1Pod, str]]:
+    def _owner_pods(self, running: bool = True) -> list[tuple[client.V1Pod, str]]:
         """(Pod, model) of every owner whose containers run (a restarting one has no
-        container to stop yet), in a stable order."""
+        container to stop yet), or with ``running`` False of every owner Pod, in a stable order."""
         out = []
         for m in self.models:
             for p in sorted(m.story.owner_pods(), key=lambda p: p.metadata.name):
-                if p.metadata.deletion_timestamp is None and p.status.phase == "Running" \
+                if not running or p.metadata.deletion_timestamp is None and p.status.phase == "Running" \
                         and p.status.container_statuses and all(
                             c.container_id and c.state and c.state.running for c in p.status.container_statuses):
                     out.append((p, m.key))
