@@ -12,14 +12,16 @@ revisions its store holds (:mod:`csi_bridge.peer_server`)::
 :class:`PeeredSource` puts peers in front of the origin for one revision:
 
 - the manifest comes from the first peer whose bytes hash to the digest, or the origin;
-- every chunk comes from a peer, spread over the peers by chunk index, several chunks in
-  flight at once; each is hashed against the manifest *before* it is handed on;
+- the chunks come from peers in *segments* (``segment_bytes`` of consecutive chunks, one
+  ranged request each: a request per chunk cost twice the CPU of the origin's reads in
+  experiments/17), spread over the peers by segment, several in flight at once; every
+  chunk is hashed against the manifest *before* it is handed on;
 - a peer that serves a chunk whose hash is wrong is marked corrupt and not asked again
   for this revision; a peer that fails (refused, gone, dead mid-transfer) is marked down:
-  only its unfinished chunks are lost, and they go to the next peer or the origin;
-- a busy peer (503: at its transfer limit) is not dropped: the chunk goes to the next
+  only its unfinished segments are lost, and they go to the next peer or the origin;
+- a busy peer (503: at its transfer limit) is not dropped: the segment goes to the next
   peer, and when every holder is busy it waits a moment and asks again; a peer busy for
-  ``BUSY_DROP_SECONDS`` without serving a chunk is dropped;
+  ``BUSY_DROP_SECONDS`` without serving a segment is dropped;
 - the origin serves what no peer could: peer trouble is never worse than no peers.
 
 It counts the bytes each place sent (:attr:`PeeredSource.tally`), so a delivery can say
@@ -50,8 +52,9 @@ log = logging.getLogger("resident.bundle.peers")
 #: a peer is another node on the cluster network: fail fast, then go elsewhere
 PEER_POLICY = RetryPolicy(attempts=2, backoff_seconds=0.1, connect_timeout_seconds=2.0,
                           read_timeout_seconds=10.0)
-BUSY_POLL_SECONDS = 0.2     # a chunk whose every holder is busy asks again after this
-BUSY_DROP_SECONDS = 10.0    # a holder busy this long without serving a chunk is dropped
+SEGMENT_BYTES = 8 << 20     # one request to a peer asks for this much (whole chunks)
+BUSY_POLL_SECONDS = 0.2     # a segment whose every holder is busy asks again after this
+BUSY_DROP_SECONDS = 10.0    # a holder busy this long without serving a segment is dropped
 
 
 def _busy(error: BaseException) -> bool:
@@ -124,12 +127,14 @@ class PeeredSource(Source):
     """One revision's bytes from ``peers`` first and ``origin`` last; see the module. Its
     manifest (:meth:`fetch_manifest`) comes first: until then every read is the origin's."""
 
-    def __init__(self, origin: Source, peers: list[PeerSource], parallel: int = 4) -> None:
+    def __init__(self, origin: Source, peers: list[PeerSource], parallel: int = 4,
+                 segment_bytes: int = SEGMENT_BYTES) -> None:
         super().__init__(origin.uri)
         self.scheme = origin.scheme      # metrics and messages name the origin's kind
         self.origin, self.peers = origin, list(peers)
         self.chunk_size: int | None = None
         self.parallel = max(1, parallel)
+        self.segment_bytes = segment_bytes
         self.tally = PeerTally()
         self._busy_since: dict[str, float] = {}   # node -> when it began answering busy
         self._lock = threading.Lock()
@@ -161,7 +166,8 @@ class PeeredSource(Source):
         chunks = self._chunks(entry, offset, length) if self.chunk_size else None
         if chunks is None or not self.peers:     # not chunk-aligned: the origin, as asked
             return self._from_origin(entry, offset, length)
-        return self._in_order(entry, chunks)
+        per = max(1, self.segment_bytes // self.chunk_size)
+        return self._in_order(entry, [chunks[k:k + per] for k in range(0, len(chunks), per)])
 
     def _chunks(self, entry: FileEntry, offset: int, length: int) -> list[int] | None:
         if not entry.chunks:
@@ -179,33 +185,37 @@ class PeeredSource(Source):
             out.append(i)
         return out
 
-    def _in_order(self, entry: FileEntry, chunks: list[int]) -> Iterator[bytes]:
-        """Several chunks in flight at once, handed on in file order."""
-        pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="peer-chunk")
+    def _in_order(self, entry: FileEntry, segments: list[list[int]]) -> Iterator[bytes]:
+        """Several segments in flight at once, handed on in file order."""
+        pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="peer-segment")
         pending: deque[Future] = deque()
-        todo = iter(chunks)
+        todo = iter(enumerate(segments))
         try:
-            for i in todo:
-                pending.append(pool.submit(self._chunk, entry, i))
+            for k, seg in todo:
+                pending.append(pool.submit(self._segment, entry, k, seg))
                 if len(pending) >= self.parallel:
                     break
             while pending:
                 data = pending.popleft().result()
                 nxt = next(todo, None)
                 if nxt is not None:
-                    pending.append(pool.submit(self._chunk, entry, nxt))
+                    pending.append(pool.submit(self._segment, entry, *nxt))
                 yield data
         finally:
             for f in pending:
                 f.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _chunk(self, entry: FileEntry, i: int) -> bytes:
-        start, size = chunk_range(entry, i, self.chunk_size) if entry.chunks else (0, entry.size)
-        expected = entry.chunks[i] if entry.chunks else entry.sha256
+    def _segment(self, entry: FileEntry, k: int, chunks: list[int]) -> bytes:
+        """Segment ``k`` (consecutive ``chunks``) from the peer whose turn it is, or the next;
+        each chunk checked against the manifest; from the origin when no peer can."""
+        ranges = [chunk_range(entry, i, self.chunk_size) for i in chunks] if entry.chunks else [(0, entry.size)]
+        expected = [entry.chunks[i] for i in chunks] if entry.chunks else [entry.sha256]
+        start = ranges[0][0]
+        size = ranges[-1][0] + ranges[-1][1] - start
         while True:
             busy = False
-            for peer in self._usable(i):
+            for peer in self._usable(k):
                 try:
                     data = b"".join(peer.read(entry, start, size))
                 except (SourceUnavailable, IntegrityMismatch, requests.RequestException, OSError) as e:
@@ -214,8 +224,11 @@ class PeeredSource(Source):
                     else:
                         self._drop(peer, f"{type(e).__name__}: {e}")
                     continue
-                if len(data) != size or hashlib.sha256(data).hexdigest() != expected:
-                    self._drop(peer, f"served chunk {i} of {entry.path} with a wrong hash", corrupt=True)
+                bad = next((i for i, (s, n), want in zip(chunks, ranges, expected)
+                            if hashlib.sha256(data[s - start:s - start + n]).hexdigest() != want), None) \
+                    if len(data) == size else chunks[0]
+                if bad is not None:
+                    self._drop(peer, f"served chunk {bad} of {entry.path} with a wrong hash", corrupt=True)
                     continue
                 with self._lock:
                     self.tally.peers[peer.node] = self.tally.peers.get(peer.node, 0) + size
@@ -238,7 +251,7 @@ class PeeredSource(Source):
             yield block
 
     def _usable(self, i: int) -> list[PeerSource]:
-        """The peers not dropped, starting at chunk ``i``'s turn: chunks spread over peers."""
+        """The peers not dropped, starting at segment ``i``'s turn: segments spread over peers."""
         with self._lock:
             live = [p for p in self.peers if p.node not in self.tally.down]
         if not live:

@@ -28,6 +28,7 @@ from polling import wait_for
 pytestmark = pytest.mark.cluster
 CHUNK = 64 * 1024
 WEIGHTS = os.urandom(48 * CHUNK)     # 48 chunks
+SEGMENT = 4 * CHUNK                  # 12 segments: one request each
 
 
 class Peers:
@@ -106,7 +107,7 @@ class CountingOrigin(FileSource):
 
 def take(peers: Peers, origin, peer_list) -> tuple[Store, PeeredSource]:
     store = Store(peers.tmp / "node-3")
-    source = PeeredSource(origin, peer_list)
+    source = PeeredSource(origin, peer_list, segment_bytes=SEGMENT)
     manifest = source.fetch_manifest(peers.manifest.digest)
     res = store.materialize(manifest, source, mode="WholeBundle")
     assert res.verified and store.has_revision(peers.manifest.digest)
@@ -119,10 +120,12 @@ def test_a_revision_comes_from_both_peers_and_nothing_from_the_origin(peers):
     _, source = take(peers, origin, peers.peers())
     total = sum(f.size for f in peers.manifest.files)
     assert source.tally.origin == 0 and source.tally.from_peers == total
-    # spread over both, by chunk
+    # spread over both, by segment
     assert min(source.tally.peers.values()) >= total // 3, source.tally.peers
-    # the peers served that, and the manifest (from the first peer, checked against the digest)
+    # the peers served that, and the manifest (from the first peer, checked against the digest):
+    # one request per segment of 4 chunks (12 of the weights, 1 of config.json), one for the manifest
     assert sum(peers.served(n) for n in peers.servers) == total + len(peers.manifest.canonical_json())
+    assert sum(peers.count(n, "served") for n in peers.servers) == 12 + 1 + 1
     assert not source.tally.down
 
 
@@ -153,14 +156,14 @@ def test_a_peer_that_serves_a_corrupted_chunk_is_caught_and_not_used_again(peers
     weights = next(f for f in peers.manifest.files if f.path == "model.safetensors")
     blob = peers.servers["node-2"].store.blob_path(content_key(weights, CHUNK))
     os.chmod(blob, 0o644)
-    with open(blob, "r+b") as f:      # one byte of chunk 1, which is node-2's turn
-        f.seek(CHUNK + 5)
+    with open(blob, "r+b") as f:      # one byte of chunk 5, in segment 1: node-2's turn
+        f.seek(5 * CHUNK + 5)
         f.write(bytes([f.read(1)[0] ^ 0xFF]))
     origin = CountingOrigin(f"file://{peers.bundle}")
     _, source = take(peers, origin, peers.peers())
     assert source.tally.corrupt == ["node-2"] and "wrong hash" in source.tally.down["node-2"]
     served_by_2 = peers.served("node-2")
-    assert source.tally.peers.get("node-2", 0) <= served_by_2 - CHUNK   # the bad chunk not counted
+    assert source.tally.peers.get("node-2", 0) <= served_by_2 - SEGMENT   # the bad segment not counted
     assert source.tally.origin == 0 and source.tally.peers["node-1"] > 0   # node-1 took over
 
 
