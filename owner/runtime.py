@@ -38,6 +38,8 @@ from .transitions import new_status, run_transition
 
 log = logging.getLogger("resident.owner")
 
+MAX_REMEMBERED = 100
+RETRY_AFTER_SECONDS = 1
 DRAIN_QUIET_SECONDS = 1.0    # a drain ends when no request came for this long
 DRAIN_LIMIT_SECONDS = 60.0   # and at the latest this long after it began
 
@@ -56,8 +58,6 @@ def wait_quiet(last_request, quiet_seconds: float, limit_seconds: float, at_leas
             break
         time.sleep(min(0.05, quiet_seconds))
     return time.monotonic() - start
-MAX_REMEMBERED = 100
-RETRY_AFTER_SECONDS = 1
 
 
 class StartupError(RuntimeError):
