@@ -9,7 +9,11 @@ rounds, order alternating each round):
 
 - ``peers``:  the chart's ``bridge.peers.enabled: true``: the first node by name fetches
   the revision from the origin, the other two take it from its bridge (docs/peer-delivery.md);
-- ``origin``: ``bridge.peers.enabled: false``: every node fetches from the origin.
+- ``origin``: ``bridge.peers.enabled: false``: every node fetches from the origin;
+- ``peers_killed``: as ``peers``, and the seed's bridge is killed (SIGKILL of its
+  container's processes, kubelet starts it again) ``KILL_AFTER_SECONDS`` after the seed's
+  delivery is Staged, while the other two take the revision from it: what they had not
+  got from it yet must come from the origin, whole and checked, and nothing more.
 
 The arm is set by ``helm upgrade`` before its sample when it differs from the last one
 (the bridge DaemonSet rolls; the script waits until every bridge is Ready again).
@@ -58,9 +62,11 @@ sys.path.insert(0, str(HERE.parent.parent))  # the repository: charts/ (Helm) is
 import benchkit  # noqa: E402
 
 NODES = ["node-0", "node-1", "node-2"]
-ARMS = {"peers": True, "origin": False}   # arm: bridge.peers.enabled
+ARMS = {"peers": True, "origin": False, "peers_killed": True}   # arm: bridge.peers.enabled
+KILL_AFTER_SECONDS = 2.0     # peers_killed: the seed's bridge dies this long after the seed has staged
 GC_HIGH_BYTES = 3 * 2**30    # per node store: the live revision, one staged, one being collected
 POLL_SECONDS = 0.1
+MANIFEST_SLACK_BYTES = 1 << 20   # manifests asked of the origin again after a peer died
 # issue 30's targets: stated, not claimed; summary.json says whether each is met
 TARGETS = {"peers_origin_copies_median": 1.15, "peers_over_origin_wall": 0.6}
 
@@ -70,18 +76,32 @@ def recompute(raw: dict) -> dict:
     wall = benchkit.summarize(samples, "wall_seconds", {"peers_over_origin_wall": ("peers", "origin")})
     copies = benchkit.summarize(samples, "origin_copies", {"peers_over_origin_copies": ("peers", "origin")})
     cpu = {arm: benchkit.stats([s["bridge_cpu_seconds"][s["seed"]] for s in samples if s["arm"] == arm])
-           for arm in ARMS}
+           for arm in ("peers", "origin")}
     summary = {"metric": "wall_seconds", "arms": wall["arms"],
                "ratios": {**wall["ratios"], **copies["ratios"]},
                "origin_copies": copies["arms"],
                "seed_bridge_cpu_seconds": cpu,
                "peer_bytes_total": {arm: sum(sum(s["peer_bytes"].values()) for s in samples if s["arm"] == arm)
-                                    for arm in ARMS}}
+                                    for arm in sorted({s["arm"] for s in samples})}}
     served = summary["peer_bytes_total"]["peers"]
     extra = cpu["peers"]["median"] - cpu["origin"]["median"]
     n = cpu["peers"]["n"]
-    # the first node's bridge serves the other two: its CPU beyond the origin arm's, per GiB sent
+    # the first node's bridge serves the other two: its CPU beyond the origin arm's, per GiB
+    # sent, and per puller over the time it served (the seed staged to the last puller staged)
     summary["serving_cpu_seconds_per_gib"] = round(extra / (served / n / 2**30), 3) if served else None
+    window = benchkit.stats([max(s["node_seconds"].values()) - s["node_seconds"][s["seed"]]
+                             for s in samples if s["arm"] == "peers"])["median"]
+    summary["serving_cores_per_puller"] = round(extra / window / (len(NODES) - 1), 4) if window > 0 else None
+    killed = [s for s in samples if s["arm"] == "peers_killed"]
+    summary["peers_killed"] = None if not killed else {
+        "samples": len(killed),
+        "completed": sum(1 for s in killed if s["stage_nodes"] == NODES),
+        "corrupt_chunks_reported": sum(s["corrupt_reports"] for s in killed),
+        # what the two pullers did not get from peers; the origin sent one copy for the seed too
+        "extra_origin_bytes_within_unfinished": sum(
+            1 for s in killed if s["origin_bytes"] - s["one_copy_bytes"]
+            <= (len(NODES) - 1) * s["one_copy_bytes"] - sum(s["peer_bytes"].values()) + MANIFEST_SLACK_BYTES),
+        "origin_copies": benchkit.stats([s["origin_copies"] for s in killed])}
     found = {"peers_origin_copies_median": copies["arms"]["peers"]["median"],
              "peers_over_origin_wall": wall["ratios"]["peers_over_origin_wall"]}
     summary["targets"] = {name: {"target": want, "value": found[name],
@@ -224,9 +244,11 @@ def main(argv: list[str] | None = None) -> int:
                 digest = make_revision(base_dir, target, "whole", seed=200 + count["n"], chunk_size=CHUNK).digest
                 server.push(target)
                 one_copy = sum(f.size for f in read_manifest(target).files if f.sha256 not in base_blobs)
+                wait_ready(cluster, installation.namespace, 300)   # a bridge killed before is back
                 cpu0, sent0 = bridge_cpu(cluster, installation.namespace), sent_bytes(server)
                 t0 = time.monotonic()
                 story.patch_spec({"stage": {"source": server.url, "digest": digest}})
+                killed_at = kill_seed(t0) if name == "peers_killed" else None
                 rm = benchkit.wait_until("staged on every node", lambda: (lambda rm: rm if (
                     (rm.get("status") or {}).get("stage") or {}).get("ready") == "3/3" and any(
                     c["type"] == "Staged" and c["status"] == "True" for c in rm["status"].get("conditions", []))
@@ -234,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                 wall = time.monotonic() - t0
                 sent, cpu1 = sent_bytes(server) - sent0, bridge_cpu(cluster, installation.namespace)
                 nodes = rm["status"]["stage"]["nodes"]
+                messages = [(bd.get("status") or {}).get("message", "") for bd in story.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, "bench", "bundledeliveries")["items"] if bd["spec"].get("activate") is False]
                 story.patch_spec({"stage": None})
                 benchkit.wait_until("no staging delivery left", lambda: not [
                     bd for bd in story.custom.list_namespaced_custom_object(
@@ -247,15 +271,35 @@ def main(argv: list[str] | None = None) -> int:
                         "peer_bytes": {n["node"]: (n.get("bytes") or {}).get("peers", 0) for n in nodes},
                         "fetched_bytes": {n["node"]: (n.get("bytes") or {}).get("fetched", 0) for n in nodes},
                         "node_seconds": {n["node"]: n.get("seconds") for n in nodes},
-                        "bridge_cpu_seconds": {k: round(cpu1[k] - cpu0.get(k, 0.0), 3) for k in cpu1}}
+                        "bridge_cpu_seconds": {k: round(cpu1[k] - cpu0.get(k, 0.0), 3) for k in cpu1},
+                        "killed_after_patch_seconds": killed_at,
+                        "corrupt_reports": sum(m.count("wrong hash") for m in messages),
+                        "delivery_messages": messages}
             return once
+
+        def kill_seed(t0: float) -> float:
+            """Kill the seed's bridge KILL_AFTER_SECONDS after its delivery is Staged; when."""
+            from kubernetes import client
+
+            from localcluster import faults
+
+            def seed_staged():
+                st = (story.get().get("status") or {}).get("stage") or {}
+                return any(n["node"] == NODES[0] and n["state"] == "Staged" for n in st.get("nodes", []))
+            benchkit.wait_until("the seed staged", seed_staged, timeout=600, every=POLL_SECONDS)
+            time.sleep(KILL_AFTER_SECONDS)
+            pod = next(p for p in client.CoreV1Api(cluster.api_client()).list_namespaced_pod(
+                installation.namespace, label_selector="app.kubernetes.io/component=bridge").items
+                if p.spec.node_name == NODES[0])
+            faults.kill(faults.container_id(pod, "bridge"))
+            return round(time.monotonic() - t0, 3)
 
         samples = benchkit.run_rounds(args.rounds, {name: arm(name) for name in ARMS})
         kubernetes_version = cluster.version
     raw = {"config": {"rounds": args.rounds, "size_mib": args.size_mib, "nodes": NODES, "arms": ARMS,
                       "kubernetes": kubernetes_version, "origin_mbit": args.origin_mbit,
                       "change": "whole (every weight drawn again)", "gc_high_bytes": GC_HIGH_BYTES,
-                      "poll_seconds": POLL_SECONDS,
+                      "poll_seconds": POLL_SECONDS, "kill_after_seconds": KILL_AFTER_SECONDS,
                       "origin_link": f"HTB {args.origin_mbit} Mbit/s on {BRIDGE} egress, packets from the "
                                      "bundle server's port only"},
            **benchkit.provenance(before, benchkit.machine()), "samples": samples}
@@ -268,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
               f"copies (IQR {c['iqr']:.3f})")
     for name, t in summary["targets"].items():
         print(f"  {name:<28} {t['value']} (target <= {t['target']}: {'met' if t['met'] else 'missed'})")
-    print(f"  serving CPU: {summary['serving_cpu_seconds_per_gib']} s per GiB sent to peers")
+    print(f"  serving CPU: {summary['serving_cpu_seconds_per_gib']} s per GiB sent to peers, "
+          f"{summary['serving_cores_per_puller']} cores per puller")
+    print(f"  seed killed: {summary['peers_killed']}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Recompute every summary.json from its raw.json, check that every sample is what its arm
 says (staged on the three nodes; with peers, the two nodes other than the first took bytes
-from peers; without, no node did); then redraw rollout.png from raw.json.
+from peers; without, no node did; with the seed killed, it was, and no chunk was reported
+corrupt); then redraw rollout.png from raw.json.
 
 ``python verify.py [FOLDER ...]``: by default every ``*/raw.json`` next to this script."""
 
@@ -23,9 +24,17 @@ def problems(raw: dict) -> list[str]:
         if s["stage_nodes"] != NODES:
             wrong.append(f"staged on {s['stage_nodes']} (want {NODES})")
         took = sorted(n for n, b in s["peer_bytes"].items() if b)
-        want = [n for n in NODES if n != s["seed"]] if ARMS[s["arm"]] else []
-        if took != want:
-            wrong.append(f"nodes that took bytes from peers {took} (want {want})")
+        if s["arm"] == "peers_killed":   # they may have taken nothing yet when the seed died
+            if s.get("killed_after_patch_seconds") is None:
+                wrong.append("the seed's bridge was not killed")
+            if s["corrupt_reports"]:
+                wrong.append(f"{s['corrupt_reports']} corrupt chunks reported")
+            if s["seed"] in took:
+                wrong.append("the seed took bytes from peers")
+        else:
+            want = [n for n in NODES if n != s["seed"]] if ARMS[s["arm"]] else []
+            if took != want:
+                wrong.append(f"nodes that took bytes from peers {took} (want {want})")
         if wrong:
             out.append(f"{s['arm']} round {s['round']}: " + "; ".join(wrong))
     return out
@@ -35,7 +44,9 @@ def main(argv: list[str]) -> int:
     for _, summary in benchkit.verify_folders(HERE, argv, problems, recompute, draw):
         for name, t in summary["targets"].items():
             print(f"  {name:<28} {t['value']} (target <= {t['target']}: {'met' if t['met'] else 'missed'})")
-        print(f"  serving CPU: {summary['serving_cpu_seconds_per_gib']} s per GiB sent to peers")
+        print(f"  serving CPU: {summary['serving_cpu_seconds_per_gib']} s per GiB sent to peers, "
+              f"{summary['serving_cores_per_puller']} cores per puller")
+        print(f"  seed killed: {summary['peers_killed']}")
     return 0
 
 
