@@ -166,8 +166,9 @@ def sent_bytes(server) -> float:
                 if line.startswith("resident_bundle_server_sent_bytes_total "))
 
 
-def bridge_cpu(cluster, namespace: str) -> dict[str, float]:
-    """node -> CPU seconds (user + system) the bridge container's processes have used."""
+def bridge_cpu(cluster, namespace: str) -> dict[str, float | None]:
+    """node -> CPU seconds (user + system) the bridge container's processes have used (None
+    while the container is away: killed, not started again yet)."""
     from kubernetes import client
 
     from localcluster import faults
@@ -176,7 +177,12 @@ def bridge_cpu(cluster, namespace: str) -> dict[str, float]:
     for pod in client.CoreV1Api(cluster.api_client()).list_namespaced_pod(
             namespace, label_selector="app.kubernetes.io/component=bridge").items:
         total = 0
-        for pid in faults.container_pids(faults.container_id(pod, "bridge")):
+        try:
+            pids = faults.container_pids(faults.container_id(pod, "bridge"))
+        except LookupError:
+            out[pod.spec.node_name] = None
+            continue
+        for pid in pids:
             with contextlib.suppress(OSError):
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 total += int(fields[11]) + int(fields[12])   # utime, stime
@@ -271,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                         "peer_bytes": {n["node"]: (n.get("bytes") or {}).get("peers", 0) for n in nodes},
                         "fetched_bytes": {n["node"]: (n.get("bytes") or {}).get("fetched", 0) for n in nodes},
                         "node_seconds": {n["node"]: n.get("seconds") for n in nodes},
-                        "bridge_cpu_seconds": {k: round(cpu1[k] - cpu0.get(k, 0.0), 3) for k in cpu1},
+                        # across a killed bridge's restart the figure means nothing: None
+                        "bridge_cpu_seconds": {k: round(cpu1[k] - cpu0[k], 3) if cpu1[k] is not None
+                                               and cpu0.get(k) is not None and name != "peers_killed" else None
+                                               for k in cpu1},
                         "killed_after_patch_seconds": killed_at,
                         "corrupt_reports": sum(m.count("wrong hash") for m in messages),
                         "delivery_messages": messages}
