@@ -315,16 +315,21 @@ def main(argv: list[str] | None = None) -> int:
     summary = recompute(raw)
     out.mkdir(parents=True, exist_ok=True)
     benchkit.write(out, raw, summary, draw)
-    for arm_name in ARMS:
-        w, c = summary["arms"][arm_name], summary["origin_copies"][arm_name]
-        print(f"{arm_name:<7} wall {w['median']:.2f} s (IQR {w['iqr']:.2f}), origin sent {c['median']:.3f} "
+    report(summary)
+    return 0
+
+
+def report(summary: dict) -> None:
+    """The summary's figures, as run.py and verify.py print them."""
+    for arm_name, w in summary["arms"].items():
+        c = summary["origin_copies"][arm_name]
+        print(f"  {arm_name:<12} wall {w['median']:.2f} s (IQR {w['iqr']:.2f}), origin sent {c['median']:.3f} "
               f"copies (IQR {c['iqr']:.3f})")
     for name, t in summary["targets"].items():
         print(f"  {name:<28} {t['value']} (target <= {t['target']}: {'met' if t['met'] else 'missed'})")
     print(f"  serving CPU: {summary['serving_cpu_seconds_per_gib']} s per GiB sent to peers, "
           f"{summary['serving_cores_per_puller']} cores per puller")
     print(f"  seed killed: {summary['peers_killed']}")
-    return 0
 
 
 if __name__ == "__main__":

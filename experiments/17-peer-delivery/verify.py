@@ -13,7 +13,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchkit  # noqa: E402
-from run import ARMS, NODES, draw, recompute  # noqa: E402
+from run import ARMS, NODES, draw, recompute, report  # noqa: E402
 
 
 def problems(raw: dict) -> list[str]:
@@ -42,11 +42,7 @@ def problems(raw: dict) -> list[str]:
 
 def main(argv: list[str]) -> int:
     for _, summary in benchkit.verify_folders(HERE, argv, problems, recompute, draw):
-        for name, t in summary["targets"].items():
-            print(f"  {name:<28} {t['value']} (target <= {t['target']}: {'met' if t['met'] else 'missed'})")
-        print(f"  serving CPU: {summary['serving_cpu_seconds_per_gib']} s per GiB sent to peers, "
-              f"{summary['serving_cores_per_puller']} cores per puller")
-        print(f"  seed killed: {summary['peers_killed']}")
+        report(summary)
     return 0
 
 
