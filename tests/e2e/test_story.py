@@ -114,6 +114,8 @@ def test_status_follows_an_owner_pod_deletion_and_reads_0_of_0_at_zero_replicas(
     lag = time.monotonic() - t0
     assert lag <= 3.0, f"status followed the owner Pod's deletion after {lag:.2f}s"
     story.wait_ready(revs.a)                      # a new owner takes the slot
+    # the deleted one may still drain its last requests (up to 10 s) beside it; then it is gone
+    wait_for(lambda: len(story.owner_pods()) == 1, timeout=60, every=0.5, what="the deleted owner gone")
     assert _owner_pod(story).metadata.uid != pod.metadata.uid
     story.patch_spec({"replicas": 0})
     rm = story.wait("ready 0/0 with no owner", lambda rm: rm.get("status", {}).get("ready") == "0/0"
