@@ -11,6 +11,7 @@ summary is reproduced, and writes the PNGs next to it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
@@ -18,6 +19,16 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Callable
+
+
+def sibling(folder: str):
+    """Another experiment's run.py as a module (a folder name such as ``09-e2e-delivery-table``
+    is no package name), for the helpers it shares; loaded as ``exp<folder>``."""
+    here = Path(__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location("exp" + folder.replace("-", "_"), here / folder / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def order(round_index: int, arms: list[str]) -> list[str]:

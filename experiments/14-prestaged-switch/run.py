@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import shutil
 import sys
 import tempfile
@@ -47,18 +46,8 @@ sys.path.insert(0, str(HERE.parent.parent))  # the repository: charts/ (Helm) is
 
 import benchkit  # noqa: E402
 
-
-def _experiment_09():
-    """09's run.py as a module (its folder name is no package name): its 20 ms wait_until,
-    drop_revision and PHASES are reused here. Loading it only imports benchkit."""
-    spec = importlib.util.spec_from_file_location("exp09_delivery_table",
-                                                  HERE.parent / "09-e2e-delivery-table" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-exp09 = _experiment_09()
+# 09's run.py: its 20 ms wait_until, drop_revision and PHASES are reused here
+exp09 = benchkit.sibling("09-e2e-delivery-table")
 
 AUTO = {"mode": "Auto", "rebase": "Auto"}
 # arm: (revision kind, delivery, strategy, staged ahead)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import shutil
 import sys
 import tempfile
@@ -54,17 +53,8 @@ sys.path.insert(0, str(HERE.parent.parent))  # the repository: charts/ (Helm) is
 import benchkit  # noqa: E402
 
 
-def _sibling(folder: str, name: str):
-    """A sibling experiment's run.py as a module (its folder name is no package name).
-    Loading 11's imports only benchkit; 14's also loads 09's the same way."""
-    spec = importlib.util.spec_from_file_location(name, HERE.parent / folder / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-exp11 = _sibling("11-serving-during-switch", "exp11_serving_during_switch")   # ready_endpoints
-exp14 = _sibling("14-prestaged-switch", "exp14_prestaged_switch")   # switch, sample_of; its exp09.drop_revision
+exp11 = benchkit.sibling("11-serving-during-switch")   # ready_endpoints
+exp14 = benchkit.sibling("14-prestaged-switch")   # switch, sample_of; its exp09.drop_revision
 
 NODES = ["node-0", "node-1", "node-2"]
 ARMS = {"lockstep": "Lockstep", "rolling": "Rolling"}     # arm: spec.transition.commit

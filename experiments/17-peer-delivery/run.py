@@ -125,15 +125,6 @@ def draw(raw: dict, folder: Path) -> list[Path]:
                             f"origin link {raw['config']['origin_mbit']} Mbit/s"))]
 
 
-def _sibling(folder: str, name: str):
-    """A sibling experiment's run.py as a module (its folder name is no package name)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, HERE.parent / folder / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class OriginLink:
     """An HTB class of ``mbit`` for packets from the machine's ``port`` to the nodes, on the
     node network's bridge; everything else in an unlimited class. Removed on exit."""
@@ -206,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     from localcluster.node import LocalCluster
     from localcluster.scenario import CHUNK, GROUP, VERSION, BundleServer, Story, make_base, model_body
 
-    exp09 = _sibling("09-e2e-delivery-table", "exp09_e2e_delivery_table")   # drop_revision
+    exp09 = benchkit.sibling("09-e2e-delivery-table")   # drop_revision
     work = Path(tempfile.mkdtemp(prefix="resident-exp17-"))
     before = benchkit.machine()
     with contextlib.ExitStack() as stack:
