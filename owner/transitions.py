@@ -30,8 +30,9 @@ Service gets the owner's 503 with Retry-After rather than a refused connection.
 Two steps (``commit: Deferred``, for a lockstep switch of several owners): the transition
 prepares as far as it can without touching the live revision (in place: admission and the
 staged rows; reload: the pre-check of every target file and, where the backend can and
-memory for both revisions is there, the target loaded beside the live one, so that the
-commit is a swap: ``loadedBeside``), publishes result ``prepared``
+memory for both revisions is there, the target loaded beside the live one, and warmed up
+there when the owner warms up, so that the commit is a swap: ``loadedBeside``), publishes
+result ``prepared``
 and waits for ``commit`` (it then goes on, result ``running`` again) or ``abort`` (result
 ``aborted``, nothing changed). Without either within ``holdSeconds`` it aborts itself. The
 owner stays ready while prepared.
@@ -52,7 +53,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from . import api
-from .backends.base import ReloadRefused
+from .backends.base import ReloadRefused, first_token
 from .inplace import InPlaceFailed, NeedsReload, ReleaseFailed, RestoreFailed
 from .revisions import IntegrityError, Revision, RevisionError
 
@@ -173,6 +174,14 @@ def _load_beside(owner: "Owner", st: api.TransitionStatus, target: Revision):
         st.loaded_beside = False
         return None
     beside = owner.backend.load_beside(target)   # ReloadRefused: the live revision serves on
+    if owner.warmup:   # warmed here, while the live revision serves, not after the swap
+        try:
+            for variant in beside.variants():
+                first_token(beside, variant)
+        except Exception as e:  # noqa: BLE001 - nothing live changed: the old revision serves on
+            beside.close()
+            raise ReloadRefused(f"warming {target.digest} up beside the live revision failed: "
+                                f"{type(e).__name__}: {e}") from e
     st.loaded_beside = True
     return beside
 
@@ -212,7 +221,7 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
             return "unloaded", "failed"
         t.verify_seconds = time.perf_counter() - t2
         try:
-            if owner.warmup and not report.graph_reused:
+            if owner.warmup and not report.graph_reused and beside is None:
                 t3 = time.perf_counter()
                 owner.warm_up()  # a newly compiled graph is a new engine: warm it as at start
                 t.warmup_seconds = time.perf_counter() - t3

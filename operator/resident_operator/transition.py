@@ -110,6 +110,8 @@ class OwnerProgress(_Camel):
     first_token_seconds: float | None = Field(default=None, alias="firstTokenSeconds")
     committed_at: float | None = Field(default=None, alias="committedAt")   # the owner's wall clock
     first_token_at: float | None = Field(default=None, alias="firstTokenAt")   # the same clock
+    # a reload prepared by loading the target beside the live revision (None: not a prepared reload)
+    loaded_beside: bool | None = Field(default=None, alias="loadedBeside")
     staging_seconds: float | None = Field(default=None, alias="stagingSeconds")  # the bridge's own
     owner_seconds: float | None = Field(default=None, alias="ownerSeconds")      # the owner's own
     reason: str = ""
@@ -312,7 +314,7 @@ def _applying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: 
     update = {"applied_at": now, "strategy": ot.get("strategy") or p.strategy,
               "first_token_seconds": timings.get("firstTokenSeconds"),
               "owner_seconds": timings.get("totalSeconds"), "committed_at": ot.get("committedAt"),
-              "first_token_at": ot.get("firstTokenAt")}
+              "first_token_at": ot.get("firstTokenAt"), "loaded_beside": ot.get("loadedBeside")}
     if result == "succeeded":
         return Decision(_to(p, Step.verifying, **update))
     if result == "needs-reload":

@@ -76,9 +76,11 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
                       "totalSeconds": total},
         "owners": len(owners),
         # when each owner began to change its live revision and when the new one answered
-        # its first token, by the owner's clock
+        # its first token, by the owner's clock; for a prepared (Lockstep) reload, whether the
+        # owner had loaded the target beside the live one, so its commit was a swap
         "commits": [{"pod": o.pod, "node": o.node, "committedAt": _rfc3339(o.committed_at),
-                     "firstTokenAt": _rfc3339(o.first_token_at) if o.first_token_at else None}
+                     "firstTokenAt": _rfc3339(o.first_token_at) if o.first_token_at else None,
+                     **({} if o.loaded_beside is None else {"loadedBeside": o.loaded_beside})}
                     for o in owners if o.committed_at] or None,
         # every owner's target was staged ahead (spec.stage, or the revision kept for a rollback)
         "prestaged": bool(owners) and all(o.prestaged for o in owners),

@@ -18,6 +18,7 @@ import requests
 
 from bundle.cpu_model import make_demo, make_revision
 from bundle.scan import build_manifest, write_manifest
+from owner.backends.base import first_token
 from owner.backends.cpu import CpuBackend
 from testkit.local_volume import stage_revision
 from owner.revisions import open_revision
@@ -659,6 +660,36 @@ def test_a_deferred_reload_without_memory_for_both_revisions_loads_at_its_commit
         st = wait_result(c, tid)
         assert st["result"] == "succeeded" and st["identity"] == identity_of(vol, d["rows"])
         assert c.generate().json()["tokens"] == reference[d["rows"]]
+
+
+def test_a_deferred_reload_warms_its_target_up_beside_the_live_revision_before_the_commit(
+        volume, reference, monkeypatch):
+    """With warm-up on, the variants of a target loaded beside run while the live revision
+    serves (in the prepare), so the commit is the swap alone: no warm-up after it."""
+    from owner import transitions
+    warmed = []
+
+    def recording(backend, variant=None):
+        warmed.append((backend, variant))
+        return first_token(backend, variant)
+
+    monkeypatch.setattr(transitions, "first_token", recording)
+    vol, d = volume
+    backend = CountingCpuBackend()
+    with serving(vol, backend, warmup=True) as c:
+        tid = c.post("/v1/transitions", {"target": d["graph"], "path": "WholeBundle", "strategy": "Reload",
+                                         "commit": "Deferred"}).json()["id"]
+        st = wait_result(c, tid)
+        assert st["result"] == "prepared" and st["loadedBeside"] is True
+        beside = {b for b, _ in warmed}
+        assert len(beside) == 1 and backend not in beside    # the target's own backend, not the live one
+        assert sorted(v for _, v in warmed) == sorted(next(iter(beside)).variants())
+        backend.ran.clear()
+        assert c.post(f"/v1/transitions/{tid}/commit", {}).status_code == 200
+        st = wait_result(c, tid)
+        assert (st["result"], st["graphReused"]) == ("succeeded", False)
+        assert st["timings"]["warmupSeconds"] is None and backend.ran == [None]   # the first-token check only
+        assert c.generate().json()["tokens"] == reference[d["graph"]]
 
 
 def test_memory_available_reads_the_kernel_and_the_cgroup():

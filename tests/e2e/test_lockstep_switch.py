@@ -50,6 +50,7 @@ def test_a_lockstep_reload_loaded_beside_the_live_revision_turns_no_request_away
                                  "transition": {"commit": "Lockstep", "strategy": "Reload", "timeoutSeconds": 300}})
         time.sleep(1.0)
     assert (last["commit"], last["strategy"], last["result"]) == ("Lockstep", "Reload", "succeeded"), last
+    assert [c.get("loadedBeside") for c in last["commits"]] == [True] * 3, last["commits"]
     answers = load.between(0, time.monotonic())
     assert [a for a in answers if not a.ok] == []
     assert {a.revision for a in answers} == {old, new}

@@ -320,8 +320,10 @@ def test_lockstep_starts_everyone_prepares_then_passes_the_barrier_together():
     assert p.step == Step.applying
     # a commit that got lost (the operator restarted at the barrier) is sent again
     assert step(t, p, healthy(owner_transition={"result": "prepared"})).actions == [Action.commit_owner_transition]
-    d = step(t, p, healthy(owner_transition={"result": "succeeded", "committedAt": 1000.25}))
+    d = step(t, p, healthy(owner_transition={"result": "succeeded", "committedAt": 1000.25,
+                                             "loadedBeside": True}))
     assert d.progress.step == Step.verifying and d.progress.committed_at == 1000.25
+    assert d.progress.loaded_beside is True
 
 
 def test_lockstep_one_owner_that_cannot_prepare_aborts_them_all():
@@ -352,6 +354,9 @@ def test_skew_is_first_to_last_commit_by_the_owners_clocks():
                 for o, x in zip(t.owners, (0.01, 0.0, 0.03))]
     s = summarize(t, 103.0)
     assert s["commit"] == "Lockstep" and s["skewSeconds"] == pytest.approx(0.03)
+    assert all("loadedBeside" not in c for c in s["commits"])   # not reloads prepared beside
+    t.owners[0] = t.owners[0].model_copy(update={"loaded_beside": False})
+    assert summarize(t, 103.0)["commits"][0]["loadedBeside"] is False   # a backend that could not
     assert [c["committedAt"] for c in s["commits"]] == ["1970-01-01T00:16:40.010000Z",
                                                         "1970-01-01T00:16:40.000000Z",
                                                         "1970-01-01T00:16:40.030000Z"]
