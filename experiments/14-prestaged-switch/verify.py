@@ -1,5 +1,5 @@
 """Recompute every summary.json from its raw.json, check that every sample switched by its
-arm's strategy and succeeded, that the pre-staged arms moved no byte inside the switch
+arm's strategy and commit mode and succeeded (a Lockstep reload loaded beside), that the pre-staged arms moved no byte inside the switch
 (prestaged true, fetched 0, stagingSeconds 0) and that the others really delivered
 (prestaged false, fetched > 0); then redraw phases.png from raw.json.
 
@@ -20,10 +20,14 @@ def problems(raw: dict) -> list[str]:
     """One line per sample that is off its arm; empty when every sample is as its arm says."""
     out = []
     for s in raw["samples"]:
-        _, _, strategy, prestaged = ARMS[s["arm"]]
+        _, _, strategy, prestaged, commit = ARMS[s["arm"]]
         wrong = []
         if s["strategy"] != strategy:
             wrong.append(f"strategy {s['strategy']} (want {strategy})")
+        if s["commit"] != commit:
+            wrong.append(f"commit {s['commit']} (want {commit})")
+        if commit == "Lockstep" and s["loaded_beside"] != [True]:
+            wrong.append(f"loadedBeside {s['loaded_beside']}: the reload was not prepared beside")
         if s["result"] != "succeeded":
             wrong.append(f"result {s['result']}")
         if s["prestaged"] is not prestaged:
@@ -42,8 +46,10 @@ def main(argv: list[str]) -> int:
         for name, t in summary["targets"].items():
             ratio = "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}x"
             total = summary["total_ratios"][name]
+            cut = summary["interruption_ratios"][name]
             print(f"  {name:<36} {ratio:>7} (target >= {t['target']}x: {'met' if t['met'] else 'missed'}; "
-                  f"of totalSeconds {'n/a' if total is None else f'{total:.2f}x'})")
+                  f"of totalSeconds {'n/a' if total is None else f'{total:.2f}x'}; "
+                  f"of commit to first token {'n/a' if cut is None else f'{cut:.2f}x'})")
     return 0
 
 if __name__ == "__main__":
