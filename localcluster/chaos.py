@@ -21,8 +21,12 @@ server that holds the demo revisions. It applies a few models in namespaces of t
   same schedule and the same choices of the driver (:func:`schedule` and the driver's own
   ``random.Random``), so a failure can be replayed.
 
+With ``isolated`` each fault waits until the one before has recovered, then its gap, so
+every recovery time is one fault's alone (faults otherwise overlap a slow recovery).
+
 The record (:meth:`Soak.run`) keeps every fault with its times, every switch, every failed
-request with what it is attributed to, and the checks at the end; :func:`summarize`
+request with what it is attributed to, the Service's EndpointSlices read when requests
+failed, and the checks at the end; :func:`summarize`
 recomputes the figures from it alone. A failed request is attributed to a documented gap
 (see docs/chaos.md) or counted as a defect:
 
@@ -62,6 +66,8 @@ SETTLE_SECONDS = 300.0         # after the last fault: time for every switch to 
 TICK_SECONDS = 0.5
 CLIENT_PAUSE_SECONDS = 0.05    # between a client's answer and its next request: load, not a busy loop
 LIVE_CONTAINER_SECONDS = 30.0   # how long a fault waits for the API server to name a restarted container
+ISOLATION_LIMIT_SECONDS = 300.0  # isolated: the longest the next fault waits for the last one's recovery
+ENDPOINT_SNAPSHOTS = 300         # at most this many EndpointSlice readings at failed requests are kept
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ class SoakModel:
     story: Story
     replicas: int
     load: ClosedLoop | None = None
+    seen: int = 0          # answers already looked at for failures
 
     @property
     def key(self) -> str:
@@ -126,9 +133,11 @@ class SoakModel:
 class Soak:
     def __init__(self, cluster, installation, server, revisions: list[str], seed: int, duration: float,
                  models: int = 4, clients: int = 1, gap: tuple[float, float] = (10.0, 30.0),
-                 kinds: tuple[str, ...] | None = None, log: Callable[[str], None] = print):
+                 kinds: tuple[str, ...] | None = None, isolated: bool = False,
+                 log: Callable[[str], None] = print):
         self.cluster, self.installation, self.server = cluster, installation, server
         self.revisions, self.seed, self.duration = revisions, seed, duration
+        self.isolated = isolated
         self.clients, self.log = clients, log
         several = len(cluster.nodes) > 1
         self.kinds = kinds or (ONE_NODE_FAULTS + (NODE_FAULTS if several else ()))
@@ -139,6 +148,7 @@ class Soak:
         self.rng = random.Random(seed + 1)     # the driver's choices
         self.switches: list[Switch] = []
         self.injected: list[Injected] = []
+        self.endpoints: list[dict[str, Any]] = []   # the Service's endpoints when requests failed
         self.t0 = 0.0
         api = cluster.api_client()
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
@@ -167,6 +177,7 @@ class Soak:
                 try:
                     self._follow_switches(states)
                     self._follow_recovery(states)
+                    self._note_failures()
                     if self.now() >= next_change:
                         next_change = self.now() + self.rng.uniform(2, 6)
                         self._change(states)
@@ -183,6 +194,7 @@ class Soak:
         answers = {m.key: [(round(a.start - self.t0, 3), round(a.end - self.t0, 3), a.status,
                             a.retry_after, a.error[:120]) for a in m.load.answers] for m in self.models}
         return {"seed": self.seed, "duration_seconds": self.duration, "end_seconds": end,
+                "isolated": self.isolated,
                 "kinds": list(self.kinds), "nodes": [n.name for n in self.cluster.nodes],
                 "models": {m.key: {"replicas_at_end": m.replicas} for m in self.models},
                 "schedule": [asdict(f) for f in self.plan],
@@ -190,6 +202,7 @@ class Soak:
                 "switches": [asdict(s) for s in self.switches],
                 "requests": {k: {"sent": len(v), "failed": [a for a in v if a[2] != 200]}
                              for k, v in answers.items()},
+                "endpoints_at_failures": self.endpoints,
                 "settled": settled, "leaks": self.leaks(), "left_after_delete": self.remove()}
 
     def _apply_models(self) -> None:
@@ -300,14 +313,23 @@ class Soak:
 
     # -- faults ------------------------------------------------------------------------
     def _faults(self) -> None:
+        """Make the planned faults in order. Isolated, each fault waits until the one before
+        has recovered (at most ISOLATION_LIMIT_SECONDS), then its gap in the schedule, so a
+        recovery time is that fault's alone; faults due after the duration are not made."""
+        shift = 0.0
         for f in self.plan:
-            while not self._stop.is_set() and self.now() < f.at:
+            while not self._stop.is_set() and self.now() < f.at + shift:
                 time.sleep(0.1)
-            if self._stop.is_set():
+            if self._stop.is_set() or f.at + shift >= self.duration:
                 return
-            self._inject(f)
+            record = self._inject(f)
+            if self.isolated:
+                limit = time.monotonic() + ISOLATION_LIMIT_SECONDS
+                while not self._stop.is_set() and record.recovered is None and time.monotonic() < limit:
+                    time.sleep(0.1)
+                shift = self.now() - f.at
 
-    def _inject(self, f: Fault) -> None:
+    def _inject(self, f: Fault) -> Injected:
         record = Injected(f, target="", affects=[], start=self.now())
         with self._lock:
             self.injected.append(record)
@@ -377,6 +399,7 @@ class Soak:
             record.error = f"{type(e).__name__}: {e}"[:300]
             self.log(f"soak {self.now():7.1f}s: {f.kind} not made: {record.error}")
         record.cleared = self.now()
+        return record
 
     @staticmethod
     def _live(pick, wait: float = LIVE_CONTAINER_SECONDS):
@@ -450,6 +473,29 @@ class Soak:
                     i.recovered = self.now()
             except Exception:
                 pass   # the API server may be briefly away
+
+    def _note_failures(self) -> None:
+        """When a model's clients got new failed answers since the last tick, read its
+        Service's EndpointSlices now: which owners kube-proxy was sending to, and whether
+        they were ready, serving or terminating (what explains a failure afterwards)."""
+        for m in self.models:
+            answers = m.load.answers[m.seen:]
+            m.seen += len(answers)
+            failed = [round(a.start - self.t0, 3) for a in answers if a.status != 200]
+            if not failed or len(self.endpoints) >= ENDPOINT_SNAPSHOTS:
+                continue
+            snapshot: dict[str, Any] = {"at": self.now(), "model": m.key, "failed_starts": failed}
+            try:
+                slices = client.DiscoveryV1Api(self.core.api_client).list_namespaced_endpoint_slice(
+                    m.story.namespace, label_selector=f"kubernetes.io/service-name={m.story.name}").items
+                snapshot["endpoints"] = [
+                    {"pod": e.target_ref.name if e.target_ref else "", "node": e.node_name,
+                     "addresses": e.addresses, "ready": e.conditions.ready, "serving": e.conditions.serving,
+                     "terminating": e.conditions.terminating}
+                    for sl in slices for e in sl.endpoints or []]
+            except Exception as e:   # the API server may be away (a fault): say so
+                snapshot["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+            self.endpoints.append(snapshot)
 
     # -- the end -----------------------------------------------------------------------
     def _settle(self) -> dict[str, Any]:
@@ -585,6 +631,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     made = [i for i in raw["faults"] if not i["error"]]
     return {
         "seed": raw["seed"], "duration_seconds": raw["duration_seconds"],
+        **({"isolated": raw["isolated"]} if "isolated" in raw else {}),   # records before the mode had none
         "faults": {"planned": len(raw["schedule"]), "made": len(made),
                    "not_made": len(raw["faults"]) - len(made),
                    "not_recovered": sum(1 for i in made if i["recovered"] is None),

@@ -8,9 +8,11 @@ soak does is :class:`localcluster.chaos.Soak`: the driver's switches (Auto, whol
 reload, lockstep, staged, rollback, scale), the faults (owner deleted or hung, bridge or
 operator killed, source down, a node powered off or cut off and back), and the checks.
 
-``python run.py [--minutes 10|60] [--seed N] [--out D]``; ``--replay FOLDER/raw.json``
-runs the soak of that record again (its seed and duration: the same faults in the same
-order). Results go to ``<minutes>min-seed<N>/raw.json`` and ``summary.json``;
+``python run.py [--minutes 10|60] [--seed N] [--isolated] [--out D]``; ``--isolated``
+makes each fault wait until the one before has recovered (then its gap), so each recovery
+time is one fault's alone; ``--replay FOLDER/raw.json`` runs the soak of that record again
+(its seed, duration and mode: the same faults in the same order). Results go to
+``<minutes>min-seed<N>[-isolated]/raw.json`` and ``summary.json``;
 ``verify.py`` recomputes the summary from raw.json.
 """
 
@@ -54,13 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10, help="how long faults are made (10 quick, 60 full)")
     ap.add_argument("--seed", type=int, default=31, help="the schedule's and the driver's seed")
-    ap.add_argument("--replay", type=Path, help="a raw.json whose seed and duration to run again")
+    ap.add_argument("--isolated", action="store_true",
+                    help="each fault waits until the one before has recovered, then its gap")
+    ap.add_argument("--replay", type=Path, help="a raw.json whose seed, duration and mode to run again")
     ap.add_argument("--out", type=Path, default=None, help="default: <minutes>min-seed<seed>/ next to this script")
     args = ap.parse_args(argv)
     if args.replay:
         old = json.loads(args.replay.read_text())
         args.seed, args.minutes = old["seed"], old["duration_seconds"] / 60
-    out = args.out or HERE / f"{args.minutes:g}min-seed{args.seed}"
+        args.isolated = old.get("isolated", False)
+    out = args.out or HERE / f"{args.minutes:g}min-seed{args.seed}{'-isolated' if args.isolated else ''}"
 
     from localcluster.chaos import Soak
     from localcluster.install import install
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             server.push(d)
         installation = install(cluster)
         soak = Soak(cluster, installation, server, [revs.a, revs.b, revs.c, revs.d], seed=args.seed,
-                    duration=args.minutes * 60, models=MODELS)
+                    duration=args.minutes * 60, models=MODELS, isolated=args.isolated)
         record = soak.run()
         kubernetes_version = cluster.version
     raw = {"config": {"minutes": args.minutes, "size_mib": SIZE_MIB, "nodes": NODES, "models": MODELS,

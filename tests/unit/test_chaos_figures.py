@@ -76,3 +76,34 @@ def test_the_summary_counts_switches_failures_recovery_and_leaks_from_the_record
     assert s["recovery_seconds"]["bridge-killed"] == {"n": 2, "median": 7.0, "p95": 10.0, "max": 10.0}
     assert s["faults"]["made"] == 3 and s["faults"]["not_made"] == 1
     assert s["leaks"] == 1 and s["settled"] is True
+
+
+def _timed_soak(isolated: bool, recover_after: float) -> list[float]:
+    """When each planned fault was made, with the fault injection stubbed out: each fault
+    'recovers' ``recover_after`` seconds after it is made."""
+    import threading
+    import time
+    soak = chaos.Soak.__new__(chaos.Soak)
+    soak.plan = [Fault(0.05, "owner-deleted", 0, 0.0), Fault(0.25, "owner-deleted", 0, 0.0),
+                 Fault(0.45, "owner-deleted", 0, 0.0)]
+    soak.duration, soak.isolated, soak._stop, soak.t0 = 1.5, isolated, threading.Event(), time.monotonic()
+    made: list[float] = []
+
+    def inject(f):
+        made.append(soak.now())
+        record = Injected(f, target="x", affects=[], start=soak.now(), cleared=soak.now())
+        threading.Timer(recover_after, lambda: setattr(record, "recovered", soak.now())).start()
+        return record
+
+    soak._inject = inject
+    soak._faults()
+    return made
+
+
+def test_isolated_faults_wait_for_the_last_recovery_then_their_gap_and_stop_at_the_duration():
+    overlapping = _timed_soak(isolated=False, recover_after=0.5)
+    assert len(overlapping) == 3 and all(0 <= t - at < 0.1 for t, at in zip(overlapping, (0.05, 0.25, 0.45)))
+    isolated = _timed_soak(isolated=True, recover_after=0.5)
+    # the second comes 0.5 s (recovery) + 0.2 s (its gap) after the first; the third would be
+    # due at about 1.9 s, after the 1.5 s duration, so it is not made
+    assert len(isolated) == 2 and 0.65 <= isolated[1] - isolated[0] <= 0.9, isolated
