@@ -25,7 +25,6 @@ from pathlib import Path
 from bundle import jsonlog
 from . import termination as term
 from .backends import REGISTRY, BackendError, BackendUnavailable, create_backend
-from .httpbase import drain
 from .inference import make_inference_server
 from .runtime import Owner, StartupError
 from .server import make_server, read_token
@@ -150,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         owner.start()
         stop.wait()
         owner.terminating = True   # /readyz says no from now on
-        waited = drain(servers[1], args.shutdown_quiet_seconds, args.shutdown_limit_seconds)
+        waited = owner.drain_for_shutdown(args.shutdown_quiet_seconds, args.shutdown_limit_seconds)
         log.info("owner stopping", extra={"drained_seconds": round(waited, 3)})
     except StartupError as e:
         code = start_failed(args, term.LOAD_FAILED, str(e))

@@ -17,7 +17,7 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .runtime import Owner, Refused, wait_quiet
+from .runtime import Owner, Refused
 
 log = logging.getLogger("resident.owner.http")
 MAX_BODY = 1024 * 1024
@@ -30,6 +30,7 @@ class OwnerHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "resident-owner"
     code = 0  # the status code sent on this request, 0 before
+    client_facing = False  # the port the model's Service sends applications to
 
     def log_message(self, fmt: str, *args) -> None:  # route access logs to structured logging
         log.debug("http", extra={"client": self.client_address[0], "line": fmt % args})
@@ -76,8 +77,8 @@ class OwnerHandler(BaseHTTPRequestHandler):
     def _dispatch(self, routes: dict[str, Route]) -> None:
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0]
-        if path not in PROBES:
-            self.server.last_request = time.monotonic()
+        if self.client_facing and path not in PROBES:
+            self.owner.last_request = time.monotonic()   # the drains wait until clients stop coming
         self.code = 0  # one handler serves every request of a kept-alive connection
         try:
             self._admit(path)
@@ -115,14 +116,6 @@ class OwnerHandler(BaseHTTPRequestHandler):
 class OwnerServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    last_request = 0.0   # monotonic time of the last request other than a probe
-
-
-def drain(server: OwnerServer, quiet_seconds: float, limit_seconds: float) -> float:
-    """After SIGTERM, keep answering until no request came for ``quiet_seconds``, at most
-    ``limit_seconds``; returns the seconds it waited. The Pod leaves its Service's endpoints
-    when it is deleted, but each node's kube-proxy follows a moment later."""
-    return wait_quiet(lambda: server.last_request, quiet_seconds, limit_seconds)
 
 
 def bind(handler: type[OwnerHandler], host: str, port: int, **attributes) -> OwnerServer:

@@ -42,6 +42,7 @@ class InferenceHandler(OwnerHandler):
     started: int
     body = b""
     revision: str | None = None
+    client_facing = True
 
     # -- plumbing ------------------------------------------------------------------
     def _error(self, code: int, message: str, retry_after: int | None = None) -> None:

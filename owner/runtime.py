@@ -93,7 +93,7 @@ class Owner:
         self.engine = threading.Lock()
         self.reloading = False
         self.closing = threading.Event()  # cuts a reload's drain short at shutdown
-        self.last_request = 0.0           # monotonic time the last inference request came
+        self.last_request = 0.0           # monotonic time the inference port last got a request
         self.terminating = False          # SIGTERM came: not ready while the last requests drain
         self.transition_guard = threading.Lock()
         self.finished = threading.Condition()   # notified when a transition's result is set
@@ -173,6 +173,13 @@ class Owner:
         return wait_quiet(lambda: self.last_request, DRAIN_QUIET_SECONDS, max(at_least, DRAIN_LIMIT_SECONDS),
                           at_least=at_least, stop=self.closing)
 
+    def drain_for_shutdown(self, quiet_seconds: float, limit_seconds: float) -> float:
+        """After SIGTERM: keep answering until no request came to the inference port for
+        ``quiet_seconds``, at most ``limit_seconds``; returns the seconds it waited. The Pod
+        leaves its Service's endpoints when it is deleted, but each node's kube-proxy follows
+        a moment later."""
+        return wait_quiet(lambda: self.last_request, quiet_seconds, limit_seconds)
+
     # -- inference ---------------------------------------------------------------
     @contextmanager
     def serving(self) -> Iterator[str]:
@@ -180,7 +187,6 @@ class Owner:
 
         Waits at most ``apply_wait_seconds`` behind an in-place apply; during a reload, or
         with no model loaded, refuses at once with 503 and a Retry-After."""
-        self.last_request = time.monotonic()
         try:
             with self.revision_lock.shared(self.apply_wait_seconds):
                 digest = self.live_digest()
