@@ -78,9 +78,11 @@ def _segments(entry: FileEntry, fp: FilePlan, chunk_size: int) -> list[tuple]:
     return [tuple(r) for r in runs]
 
 
-def _fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chunk_size: int,
+def fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chunk_size: int,
                fd: int, tally: Tally, progress: Progress | None) -> None:
-    """Stream chunks ``first..last`` from the source into ``fd``, verifying each chunk."""
+    """Stream chunks ``first..last`` from the source into ``fd``, verifying each chunk: one
+    read of the source for the whole run, as a delivery fetches every run of missing chunks
+    (experiments/04 times sources through it, into /dev/null)."""
     if entry.chunks:
         bounds = [chunk_range(entry, i, chunk_size) for i in range(first, last + 1)]
         expected = [entry.chunks[i] for i in range(first, last + 1)]
@@ -154,7 +156,7 @@ def build_blob(tmp: Path, entry: FileEntry, fp: FilePlan, chunk_size: int, sourc
             if seg[0] == "fetch":
                 t0 = time.monotonic()
                 try:
-                    _fetch_run(source, entry, seg[1], seg[2], chunk_size, fd, tally, progress)
+                    fetch_run(source, entry, seg[1], seg[2], chunk_size, fd, tally, progress)
                 finally:
                     tally.fetch_seconds += time.monotonic() - t0
                 continue
