@@ -475,14 +475,17 @@ class Soak:
                 pass   # the API server may be briefly away
 
     def _note_failures(self) -> None:
-        """When a model's clients got new failed answers since the last tick, read its
-        Service's EndpointSlices now: which owners kube-proxy was sending to, and whether
-        they were ready, serving or terminating (what explains a failure afterwards)."""
+        """When a model's clients got new failed answers since the last tick while no fault
+        that took one of its owners away is still unrecovered (those failures are expected),
+        read its Service's EndpointSlices now: which owners kube-proxy was sending to, and
+        whether they were ready, serving or terminating (what explains a failure afterwards)."""
+        with self._lock:
+            expected = {k for i in self.injected if i.recovered is None for k in i.affects}
         for m in self.models:
             answers = m.load.answers[m.seen:]
             m.seen += len(answers)
             failed = [round(a.start - self.t0, 3) for a in answers if a.status != 200]
-            if not failed or len(self.endpoints) >= ENDPOINT_SNAPSHOTS:
+            if not failed or m.key in expected or len(self.endpoints) >= ENDPOINT_SNAPSHOTS:
                 continue
             snapshot: dict[str, Any] = {"at": self.now(), "model": m.key, "failed_starts": failed}
             try:
