@@ -107,3 +107,40 @@ def test_isolated_faults_wait_for_the_last_recovery_then_their_gap_and_stop_at_t
     # the second comes 0.5 s (recovery) + 0.2 s (its gap) after the first; the third would be
     # due at about 1.9 s, after the 1.5 s duration, so it is not made
     assert len(isolated) == 2 and 0.65 <= isolated[1] - isolated[0] <= 0.9, isolated
+
+
+def test_endpoints_are_read_for_failures_no_unrecovered_fault_explains(monkeypatch):
+    import threading
+    import time
+    from types import SimpleNamespace as NS
+    from localcluster.traffic import Answer
+
+    asked = []
+
+    class Discovery:
+        def __init__(self, api_client):
+            pass
+
+        def list_namespaced_endpoint_slice(self, namespace, label_selector):
+            asked.append((namespace, label_selector))
+            e = NS(target_ref=NS(name="m-owner-0"), node_name="node-1", addresses=["10.0.0.5"],
+                   conditions=NS(ready=False, serving=True, terminating=True))
+            return NS(items=[NS(endpoints=[e])])
+
+    monkeypatch.setattr(chaos.client, "DiscoveryV1Api", Discovery)
+    soak = chaos.Soak.__new__(chaos.Soak)
+    soak.t0, soak._lock, soak.endpoints = time.monotonic(), threading.Lock(), []
+    soak.core = NS(api_client=None)
+    ok, failed = Answer(1.0, 1.1, 200), Answer(1.2, 1.3, 0, error="refused")
+    hit = chaos.SoakModel(NS(namespace="a", name="m"), 1, load=NS(answers=[ok, failed]))
+    calm = chaos.SoakModel(NS(namespace="b", name="m"), 1, load=NS(answers=[ok, failed]))
+    soak.models = [hit, calm]
+    soak.injected = [injected("owner-stalled", 0.5, None, affects=("a/m",))]   # not recovered yet
+    soak._note_failures()
+    assert asked == [("b", "kubernetes.io/service-name=m")]   # a/m's failure is its fault's
+    (snap,) = soak.endpoints
+    assert snap["model"] == "b/m" and len(snap["failed_starts"]) == 1
+    assert snap["endpoints"] == [{"pod": "m-owner-0", "node": "node-1", "addresses": ["10.0.0.5"],
+                                  "ready": False, "serving": True, "terminating": True}]
+    soak._note_failures()                     # nothing new: no second reading
+    assert len(soak.endpoints) == 1 and hit.seen == calm.seen == 2
