@@ -34,6 +34,9 @@ recomputes the figures from it alone. A failed request is attributed to a docume
   node down or cut; deleted, when it was the model's only owner): kube-proxy still sends
   to an owner until its readiness probe fails or its Pod is gone;
 - ``reload-503``: a 503 with ``Retry-After`` from a one-replica model during its reload;
+- ``route-lost``: a connection error while the node that carried the clients' way to the
+  Services went down (:func:`gateway_faults`): the machine reaches ClusterIPs through one
+  node's kube-proxy, and what was in flight through it is lost with it;
 - ``defect``: anything else.
 """
 
@@ -591,8 +594,28 @@ def _on_spec(rm: dict | None, replicas: int) -> bool:
 
 
 # -- figures, from the record alone ---------------------------------------------------
-def attribute(raw: dict[str, Any], model: str, answer: list) -> str:
-    """What a failed request (start, end, status, retry_after, error) is put down to."""
+def gateway_faults(raw: dict[str, Any]) -> set[int]:
+    """Indexes (in ``raw["faults"]``) of node faults that took down the node carrying the
+    machine's Service traffic, replayed from the record: it starts on the first node and
+    moves, when that node goes down, to the first node not down then
+    (``LocalCluster._going_down``); it does not move back."""
+    gateway, hit = (raw.get("nodes") or [None])[0], set()
+    node_faults = sorted((i["start"], n, i) for n, i in enumerate(raw["faults"])
+                         if i["fault"]["kind"] in NODE_FAULTS and not i["error"])
+    for start, n, i in node_faults:
+        name = i["target"].removeprefix("node ")
+        if name != gateway:
+            continue
+        hit.add(n)
+        down = {j["target"].removeprefix("node ") for t, _, j in node_faults
+                if t <= start and (j["cleared"] is None or j["cleared"] > start)}
+        gateway = next((node for node in raw["nodes"] if node not in down), gateway)
+    return hit
+
+
+def attribute(raw: dict[str, Any], model: str, answer: list, gateways: set[int] | None = None) -> str:
+    """What a failed request (start, end, status, retry_after, error) is put down to;
+    ``gateways`` is :func:`gateway_faults` of ``raw`` (computed when not given)."""
     start, end, status, retry_after = answer[0], answer[1], answer[2], answer[3]
     for i in raw["faults"]:
         # a deleted owner drains (it answers until no request came for a second), so only
@@ -602,6 +625,11 @@ def attribute(raw: dict[str, Any], model: str, answer: list) -> str:
         until = i["recovered"] if i["recovered"] is not None else raw["end_seconds"]
         if start <= until and end >= i["start"]:
             return "owner-lost"
+    if status == 0:
+        for n in gateway_faults(raw) if gateways is None else gateways:
+            i = raw["faults"][n]
+            if start <= i["cleared"] and end >= i["start"]:
+                return "route-lost"
     if status == 503 and retry_after:
         for s in raw["switches"]:
             if s["model"] == model and s["strategy"] == "Reload" and s["replicas"] == 1 \
@@ -623,10 +651,11 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     switches = raw["switches"]
     results = {r: sum(1 for s in switches if s["result"] == r)
                for r in ("succeeded", "failed-and-rolled-back", "stuck")}
-    failures: dict[str, int] = {"owner-lost": 0, "reload-503": 0, "defect": 0}
+    failures: dict[str, int] = {"owner-lost": 0, "reload-503": 0, "route-lost": 0, "defect": 0}
+    gateways = gateway_faults(raw)
     for model, r in raw["requests"].items():
         for answer in r["failed"]:
-            failures[attribute(raw, model, answer)] += 1
+            failures[attribute(raw, model, answer, gateways)] += 1
     recovery: dict[str, list[float]] = {}
     for i in raw["faults"]:
         if not i["error"] and i["recovered"] is not None:

@@ -72,10 +72,30 @@ def test_the_summary_counts_switches_failures_recovery_and_leaks_from_the_record
     s = chaos.summarize(raw)
     assert s["switches"]["attempted"] == 3 and s["switches"]["succeeded"] == 1
     assert s["switches"]["failed-and-rolled-back"] == 1 and s["switches"]["stuck"] == 1
-    assert s["requests"] == {"sent": 500, "failed": 2, "owner-lost": 1, "reload-503": 0, "defect": 1}
+    assert s["requests"] == {"sent": 500, "failed": 2, "owner-lost": 1, "reload-503": 0, "route-lost": 0,
+                             "defect": 1}
     assert s["recovery_seconds"]["bridge-killed"] == {"n": 2, "median": 7.0, "p95": 10.0, "max": 10.0}
     assert s["faults"]["made"] == 3 and s["faults"]["not_made"] == 1
     assert s["leaks"] == 1 and s["settled"] is True
+
+
+def test_a_connection_lost_with_the_node_that_carried_the_route_to_the_services_is_route_lost():
+    """The machine reaches ClusterIPs through node-0 first; when that node goes down the
+    route moves to the first node up and stays there, so node-0's second cut is no gap."""
+    def node_fault(kind, name, start, cleared):
+        return Injected(Fault(start, kind, 0, 5.0), target=f"node {name}", affects=[], start=start,
+                        cleared=cleared, recovered=cleared + 20)
+    faults = [node_fault("node-power-cut", "node-0", 10, 15),      # the route moves to node-1
+              node_fault("node-network-cut", "node-0", 100, 105),  # not the route any more
+              node_fault("node-power-cut", "node-1", 200, 205)]    # the route: it moves back to node-0
+    raw = record(faults)
+    raw["nodes"] = ["node-0", "node-1", "node-2"]
+    assert chaos.gateway_faults(raw) == {0, 2}
+    assert chaos.attribute(raw, "ns/m", [9.5, 10.2, 0, "", "reset"]) == "route-lost"
+    assert chaos.attribute(raw, "ns/m", [99.5, 100.2, 0, "", "reset"]) == "defect"
+    assert chaos.attribute(raw, "ns/m", [204, 204.5, 0, "", "refused"]) == "route-lost"
+    assert chaos.attribute(raw, "ns/m", [204, 204.5, 503, "1", ""]) == "defect"   # an answer came: not the route
+    assert chaos.attribute(raw, "ns/m", [230, 231, 0, "", "refused"]) == "defect"  # after it was back
 
 
 def _timed_soak(isolated: bool, recover_after: float) -> list[float]:
