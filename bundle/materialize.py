@@ -79,7 +79,7 @@ def _segments(entry: FileEntry, fp: FilePlan, chunk_size: int) -> list[tuple]:
 
 
 def fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chunk_size: int,
-               fd: int, tally: Tally, progress: Progress | None) -> None:
+              fd: int, tally: Tally, progress: Progress | None) -> None:
     """Stream chunks ``first..last`` from the source into ``fd``, verifying each chunk: one
     read of the source for the whole run, as a delivery fetches every run of missing chunks
     (experiments/04 times sources through it, into /dev/null)."""
