@@ -1,7 +1,7 @@
 """Recompute summary.json from raw.json (benchkit.verify) and check the samples are whole:
-every arm fetched the same bytes, chunk by chunk and file by file; in a run with the hf arm, every hf sample timed the
-manifest's making apart, and the one-tensor delivery's byte count agrees with the source's
-fetched-bytes metric. Prints the targets, met or missed.
+every arm fetched the same bytes, chunk by chunk and file by file; in a run with the hf
+arm, every hf sample timed the manifest's making apart, and the one-tensor delivery's byte
+count agrees with the source's fetched-bytes metric. Prints the targets, met or missed.
 
 ``python verify.py [FOLDER]``: by default this folder."""
 

@@ -1,7 +1,8 @@
 """Recompute every summary.json from its raw.json, check that every sample switched by its
-arm's strategy and commit mode and succeeded (a Lockstep reload loaded beside), that the pre-staged arms moved no byte inside the switch
-(prestaged true, fetched 0, stagingSeconds 0) and that the others really delivered
-(prestaged false, fetched > 0); then redraw phases.png from raw.json.
+arm's strategy and commit mode and succeeded (a Lockstep reload loaded beside), that the
+pre-staged arms moved no byte inside the switch (prestaged true, fetched 0, stagingSeconds
+0) and that the others really delivered (prestaged false, fetched > 0); then redraw
+phases.png from raw.json.
 
 ``python verify.py [FOLDER ...]``: by default every ``*/raw.json`` next to this script."""
 
