@@ -78,7 +78,7 @@ class OwnerHandler(BaseHTTPRequestHandler):
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0]
         if self.client_facing and path not in PROBES:
-            self.owner.last_request = time.monotonic()   # the drains wait until clients stop coming
+            self.owner.arrivals.note()   # the drains wait until clients stop coming
         self.code = 0  # one handler serves every request of a kept-alive connection
         try:
             self._admit(path)

@@ -40,23 +40,51 @@ log = logging.getLogger("resident.owner")
 
 MAX_REMEMBERED = 100
 RETRY_AFTER_SECONDS = 1
-DRAIN_QUIET_SECONDS = 1.0    # a drain ends when no request came for this long
-DRAIN_LIMIT_SECONDS = 60.0   # and at the latest this long after it began
+DRAIN_QUIET_SECONDS = 1.0    # a drain ends when no request came for this long at least,
+QUIET_GAPS = 8               # and for this many of the usual gaps between requests,
+QUIET_CEILING_SECONDS = 6.0  # but never needs more quiet than this
+DRAIN_LIMIT_SECONDS = 60.0   # and ends at the latest this long after it began
 
 
-def wait_quiet(last_request, quiet_seconds: float, limit_seconds: float, at_least: float = 0.0,
+class Arrivals:
+    """When the inference port last got a request, and the usual gap between two requests
+    (a moving average). A drain waits until clients stop coming; with sparse traffic a
+    quiet second means nothing (a proxy that still sends here may simply not have picked
+    this Pod for a while), so the quiet it waits for grows with the usual gap: ``QUIET_GAPS``
+    of them, at least ``floor``, at most ``QUIET_CEILING_SECONDS`` (or ``floor`` if larger)."""
+
+    WEIGHT = 0.1   # of the newest gap in the average
+
+    def __init__(self) -> None:
+        self.last = 0.0       # monotonic time of the last request; 0: none yet
+        self.mean_gap = 0.0   # seconds; 0: fewer than two requests yet
+        self._lock = threading.Lock()
+
+    def note(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self.last:
+                gap = now - self.last
+                self.mean_gap = gap if not self.mean_gap else self.mean_gap + self.WEIGHT * (gap - self.mean_gap)
+            self.last = now
+
+    def quiet_seconds(self, floor: float) -> float:
+        return max(floor, min(QUIET_GAPS * self.mean_gap, QUIET_CEILING_SECONDS))
+
+
+def wait_quiet(arrivals: Arrivals, floor: float, limit_seconds: float, at_least: float = 0.0,
                stop: threading.Event | None = None) -> float:
-    """Wait until ``at_least`` seconds passed and ``last_request()`` (a monotonic time) is
-    ``quiet_seconds`` old, at most ``limit_seconds``, or until ``stop`` is set; returns the
-    seconds waited. Proxies send clients to a Pod for a moment after it left the endpoints:
-    ending at once would reset their connections, or turn them away."""
+    """Wait until ``at_least`` seconds passed and the last request is
+    ``arrivals.quiet_seconds(floor)`` old, at most ``limit_seconds``, or until ``stop`` is
+    set; returns the seconds waited. Proxies send clients to a Pod for a moment after it
+    left the endpoints: ending at once would reset their connections, or turn them away."""
     start = time.monotonic()
     while stop is None or not stop.is_set():
         now = time.monotonic()
         if now - start >= limit_seconds or (
-                now - start >= at_least and now - max(last_request(), start) >= quiet_seconds):
+                now - start >= at_least and now - max(arrivals.last, start) >= arrivals.quiet_seconds(floor)):
             break
-        time.sleep(min(0.05, quiet_seconds))
+        time.sleep(min(0.05, floor))
     return time.monotonic() - start
 
 
@@ -93,7 +121,7 @@ class Owner:
         self.engine = threading.Lock()
         self.reloading = False
         self.closing = threading.Event()  # cuts a reload's drain short at shutdown
-        self.last_request = 0.0           # monotonic time the inference port last got a request
+        self.arrivals = Arrivals()        # requests to the inference port: what the drains wait out
         self.terminating = False          # SIGTERM came: not ready while the last requests drain
         self.transition_guard = threading.Lock()
         self.finished = threading.Condition()   # notified when a transition's result is set
@@ -165,20 +193,22 @@ class Owner:
     def drain(self, at_least: float) -> float:
         """A reload's drain: not ready and still serving the old revision, for ``at_least``
         seconds (the operator's readiness period and a margin), then until no request came
-        for ``DRAIN_QUIET_SECONDS``, at most ``DRAIN_LIMIT_SECONDS`` in all; returns the
-        seconds it took. Taking the owner out of the Service goes kubelet -> API server ->
+        for ``DRAIN_QUIET_SECONDS`` and several of the usual gaps between requests
+        (:class:`Arrivals`), at most ``DRAIN_LIMIT_SECONDS`` in all; returns the seconds it
+        took. Taking the owner out of the Service goes kubelet -> API server ->
         EndpointSlice -> every node's kube-proxy: while that path is slow or down (an API
         server restarting, a kubelet killed), clients are still sent here, and the old
         revision answers them instead of a 503. Shutdown cuts it short."""
-        return wait_quiet(lambda: self.last_request, DRAIN_QUIET_SECONDS, max(at_least, DRAIN_LIMIT_SECONDS),
+        return wait_quiet(self.arrivals, DRAIN_QUIET_SECONDS, max(at_least, DRAIN_LIMIT_SECONDS),
                           at_least=at_least, stop=self.closing)
 
     def drain_for_shutdown(self, quiet_seconds: float, limit_seconds: float) -> float:
         """After SIGTERM: keep answering until no request came to the inference port for
-        ``quiet_seconds``, at most ``limit_seconds``; returns the seconds it waited. The Pod
+        ``quiet_seconds`` and several of the usual gaps between requests, at most
+        ``limit_seconds``; returns the seconds it waited. The Pod
         leaves its Service's endpoints when it is deleted, but each node's kube-proxy follows
         a moment later."""
-        return wait_quiet(lambda: self.last_request, quiet_seconds, limit_seconds)
+        return wait_quiet(self.arrivals, quiet_seconds, limit_seconds)
 
     # -- inference ---------------------------------------------------------------
     @contextmanager

@@ -311,3 +311,19 @@ def test_termination_line_is_one_camelcase_reason_and_what_kubelet_keeps(tmp_pat
     assert not record_start_failure("LoadFailed", "x", missing) and not missing.exists()
     missing.write_text("")
     assert record_start_failure("LoadFailed", "x", missing) and missing.read_text() == "LoadFailed: x\n"
+
+
+def test_a_drain_waits_out_several_usual_gaps_between_requests_within_its_floor_and_ceiling():
+    from owner.runtime import QUIET_CEILING_SECONDS, QUIET_GAPS, Arrivals
+    a = Arrivals()
+    assert a.quiet_seconds(1.0) == 1.0                 # no traffic seen yet: the floor
+    for t in range(20):
+        a.note(100.0 + 0.05 * t)                       # dense traffic: the floor still
+    assert a.quiet_seconds(1.0) == 1.0 and a.last == pytest.approx(100.95)
+    for t in range(40):
+        a.note(101.0 + 0.5 * t)                        # one request in half a second: 8 gaps
+    assert a.mean_gap == pytest.approx(0.5, rel=0.05)
+    assert a.quiet_seconds(1.0) == pytest.approx(QUIET_GAPS * 0.5, rel=0.05) and QUIET_GAPS * 0.5 > 3.0
+    a.note(a.last + 120.0)                             # an idle spell: never beyond the ceiling
+    assert a.quiet_seconds(1.0) == QUIET_CEILING_SECONDS
+    assert a.quiet_seconds(10.0) == 10.0               # a floor above the ceiling wins
