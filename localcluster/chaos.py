@@ -117,7 +117,8 @@ class Injected:
     start: float
     sole: list[str] = field(default_factory=list)   # of those, models it left with no running owner
     cleared: float | None = None
-    recovered: float | None = None
+    recovered: float | None = None   # back at full strength, but for what the soak's own switches take away
+    whole: float | None = None       # every model in scope at full strength, switches or not
     error: str = ""
 
 
@@ -436,46 +437,67 @@ class Soak:
                     out.append((p, m.key))
         return out
 
-    def _full_strength(self, states: dict[str, dict], keys: list[str]) -> bool:
-        for m in self.models:
-            if keys and m.key not in keys:
+    def _strength(self, m: SoakModel, rm: dict | None) -> int:
+        """How many owners of ``m`` serve: the fewer of those its status counts ready and
+        of those that answer their readiness path themselves, at their Pod IP. The API
+        server's word is not enough: after a node's power cut shorter than the node
+        monitor's grace period, it says Ready of the node's owners until the restarted
+        kubelet reports them, while their Pod IP refuses every connection."""
+        ready = ((rm or {}).get("status") or {}).get("ready") or "0/0"
+        counted = int(ready.split("/")[0]) if ready.split("/")[0].isdigit() else 0
+        answering = 0
+        for p in m.story.owner_pods():
+            port = next((c.container_port for c in p.spec.containers[0].ports or [] if c.name == "control"), None)
+            if p.metadata.deletion_timestamp is not None or not p.status.pod_ip or port is None:
                 continue
-            rm = states.get(m.key)
-            if rm is None or (rm.get("status") or {}).get("ready") != f"{m.replicas}/{m.replicas}" \
-                    or not self._every_owner_answers(m):
-                return False
+            try:
+                answering += requests.get(f"http://{p.status.pod_ip}:{port}/readyz", timeout=1.0).status_code == 200
+            except requests.RequestException:
+                pass
+        return min(counted, answering)
+
+    def _switch_allowance(self, m: SoakModel) -> int:
+        """The strength ``m`` keeps through a switch the driver made: all but one replica (a
+        rolling reload takes one owner at a time; a one-replica reload answers 503), or all
+        of them when no switch of it is under way (staging ahead is not a switch yet)."""
+        s = self._pending(m.key)
+        switching = s is not None and (s.action != "staged" or s.staged_at is not None)
+        return m.replicas - 1 if switching else m.replicas
+
+    def _system_ready(self) -> bool:
         system = self.core.list_namespaced_pod(self.installation.namespace).items
         return all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
                    for p in system if p.metadata.deletion_timestamp is None)
 
-    def _every_owner_answers(self, m: SoakModel) -> bool:
-        """Each of the model's owners answers its readiness path itself, at its Pod IP. The
-        API server's word is not enough: after a node's power cut shorter than the node
-        monitor's grace period, it says Ready of the node's owners until the restarted
-        kubelet reports them, while their Pod IP refuses every connection."""
-        pods = [p for p in m.story.owner_pods() if p.metadata.deletion_timestamp is None]
-        if len(pods) != m.replicas:
-            return False
-        for p in pods:
-            port = next((c.container_port for c in p.spec.containers[0].ports or [] if c.name == "control"), None)
-            if not p.status.pod_ip or port is None:
-                return False
-            try:
-                if requests.get(f"http://{p.status.pod_ip}:{port}/readyz", timeout=1.0).status_code != 200:
-                    return False
-            except requests.RequestException:
-                return False
-        return True
-
     def _follow_recovery(self, states: dict[str, dict]) -> None:
+        """A fault has recovered (``recovered``) when the system's Pods are Ready and every
+        model it may have touched serves with all its replicas again: the models it took an
+        owner from, whole; for a fault of a component every model shares (no owner taken),
+        every model, each but for one replica while a switch the driver made is under way.
+        With a switch under way at nearly every moment, waiting for every model to be whole
+        measured the driver's switches more than the fault. When every model in its scope
+        is whole, switches or not, is kept too (``whole``): the end of its failure window."""
         with self._lock:
-            waiting = [i for i in self.injected if i.cleared is not None and i.recovered is None]
+            waiting = [i for i in self.injected if i.cleared is not None and i.whole is None]
+        if not waiting:
+            return
+        try:
+            if not self._system_ready():
+                return
+            strength = {m.key: self._strength(m, states.get(m.key)) for m in self.models if m.key in states}
+        except Exception:
+            return   # the API server may be briefly away
         for i in waiting:
-            try:
-                if self._full_strength(states, i.affects):
-                    i.recovered = self.now()
-            except Exception:
-                pass   # the API server may be briefly away
+            scope = [m for m in self.models if not i.affects or m.key in i.affects]
+            if any(m.key not in strength for m in scope):
+                continue
+            if i.recovered is None and all(
+                    strength[m.key] >= (m.replicas if m.key in i.affects else self._switch_allowance(m))
+                    for m in scope):
+                i.recovered = self.now()
+            if all(strength[m.key] >= m.replicas for m in scope):
+                i.whole = self.now()
+                i.recovered = i.recovered if i.recovered is not None else i.whole
 
     def _note_failures(self) -> None:
         """When a model's clients got new failed answers since the last tick while no fault
@@ -483,7 +505,7 @@ class Soak:
         read its Service's EndpointSlices now: which owners kube-proxy was sending to, and
         whether they were ready, serving or terminating (what explains a failure afterwards)."""
         with self._lock:
-            expected = {k for i in self.injected if i.recovered is None for k in i.affects}
+            expected = {k for i in self.injected if i.whole is None for k in i.affects}
         for m in self.models:
             answers = m.load.answers[m.seen:]
             m.seen += len(answers)
@@ -622,8 +644,7 @@ def attribute(raw: dict[str, Any], model: str, answer: list, gateways: set[int] 
         # the deletion of a model's sole owner leaves its clients without an answer
         if model not in (i["sole"] if i["fault"]["kind"] == "owner-deleted" else i["affects"]):
             continue
-        until = i["recovered"] if i["recovered"] is not None else raw["end_seconds"]
-        if start <= until and end >= i["start"]:
+        if start <= _window_end(raw, i) and end >= i["start"]:
             return "owner-lost"
     if status == 0:
         for n in gateway_faults(raw) if gateways is None else gateways:
@@ -636,6 +657,13 @@ def attribute(raw: dict[str, Any], model: str, answer: list, gateways: set[int] 
                     and s["end"] is not None and start <= s["end"] and end >= s["start"]:
                 return "reload-503"
     return "defect"
+
+
+def _window_end(raw: dict[str, Any], i: dict[str, Any]) -> float:
+    """When a fault's effects end: every model in its scope whole again (records before
+    ``whole`` was kept measured only that, as ``recovered``), or the soak's end."""
+    end = i["whole"] if "whole" in i else i["recovered"]
+    return end if end is not None else raw["end_seconds"]
 
 
 def _spread(values: list[float]) -> dict[str, float | int | None]:
@@ -656,11 +684,21 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     for model, r in raw["requests"].items():
         for answer in r["failed"]:
             failures[attribute(raw, model, answer, gateways)] += 1
-    recovery: dict[str, list[float]] = {}
-    for i in raw["faults"]:
-        if not i["error"] and i["recovered"] is not None:
-            recovery.setdefault(i["fault"]["kind"], []).append(i["recovered"] - i["start"])
     made = [i for i in raw["faults"] if not i["error"]]
+    recovery: dict[str, list[float]] = {}
+    whole: dict[str, list[float]] = {}
+    for i in made:
+        if i["recovered"] is not None:
+            recovery.setdefault(i["fault"]["kind"], []).append(i["recovered"] - i["start"])
+        if i.get("whole") is not None:
+            whole.setdefault(i["fault"]["kind"], []).append(i["whole"] - i["start"])
+    # a switch under a fault (begun before its window ends, ended after it began) against one clear of faults
+    durations: dict[str, list[float]] = {"under_a_fault": [], "clear_of_faults": []}
+    for s in switches:
+        if s["result"] == "succeeded" and s["action"] != "scale":
+            under = any(s["start"] <= _window_end(raw, i) and s["end"] >= i["start"] for i in made)
+            durations["under_a_fault" if under else "clear_of_faults"].append(s["end"] - s["start"])
+    kept_whole = all("whole" in i for i in raw["faults"])
     return {
         "seed": raw["seed"], "duration_seconds": raw["duration_seconds"],
         **({"isolated": raw["isolated"]} if "isolated" in raw else {}),   # records before the mode had none
@@ -672,6 +710,9 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                      "by_action": {a: sum(1 for s in switches if s["action"] == a) for a in ACTIONS}},
         "requests": {"sent": sum(r["sent"] for r in raw["requests"].values()),
                      "failed": sum(len(r["failed"]) for r in raw["requests"].values()), **failures},
+        "recovery_rule": "switches allowed" if kept_whole else "every model whole",
         "recovery_seconds": {k: _spread(v) for k, v in sorted(recovery.items())},
+        **({"whole_seconds": {k: _spread(v) for k, v in sorted(whole.items())}} if kept_whole else {}),
+        "switch_seconds": {k: _spread(v) for k, v in durations.items()},
         "settled": raw["settled"]["ok"], "leaks": len(raw["leaks"]) + len(raw["left_after_delete"]),
     }

@@ -30,9 +30,11 @@ def record(faults=(), switches=(), failed=()) -> dict:
             "settled": {"ok": True, "seconds": 120}, "leaks": [], "left_after_delete": []}
 
 
-def injected(kind: str, start: float, recovered: float | None, affects=("ns/m",), sole=()) -> Injected:
+def injected(kind: str, start: float, recovered: float | None, affects=("ns/m",), sole=(),
+             whole: float | None = -1.0) -> Injected:
     return Injected(Fault(start, kind, 0, 5.0), target="x", affects=list(affects), start=start,
-                    sole=list(sole), cleared=start + 5, recovered=recovered)
+                    sole=list(sole), cleared=start + 5, recovered=recovered,
+                    whole=recovered if whole == -1.0 else whole)
 
 
 def test_a_failure_while_the_models_owner_hung_is_owner_lost_and_outside_it_a_defect():
@@ -164,3 +166,61 @@ def test_endpoints_are_read_for_failures_no_unrecovered_fault_explains(monkeypat
                                   "ready": False, "serving": True, "terminating": True}]
     soak._note_failures()                     # nothing new: no second reading
     assert len(soak.endpoints) == 1 and hit.seen == calm.seen == 2
+
+
+def test_a_failure_window_lasts_until_the_models_are_whole_and_records_before_whole_end_at_recovery():
+    raw = record([injected("owner-stalled", 10, 20, whole=30)])
+    assert chaos.attribute(raw, "ns/m", [25, 26, 0, "", "ReadTimeout"]) == "owner-lost"
+    assert chaos.attribute(raw, "ns/m", [31, 32, 0, "", "ReadTimeout"]) == "defect"
+    del raw["faults"][0]["whole"]               # a record of the hours before whole was kept
+    assert chaos.attribute(raw, "ns/m", [25, 26, 0, "", "ReadTimeout"]) == "defect"
+    assert chaos.summarize(raw)["recovery_rule"] == "every model whole"
+
+
+def test_the_summary_gives_recovery_whole_and_switch_times_under_faults_and_clear_of_them():
+    faults = [injected("operator-killed", 10, 14, affects=(), whole=40), injected("operator-killed", 100, 103,
+                                                                                 affects=(), whole=None)]
+    switches = [Switch("ns/m", "reload", 30, to="a", end=38, result="succeeded"),    # under the first
+                Switch("ns/m", "auto", 50, to="b", end=52, result="succeeded"),      # clear
+                Switch("ns/m", "auto", 140, to="c", end=149, result="succeeded"),    # under the second: never whole
+                Switch("ns/m", "scale", 60, replicas=3, end=70, result="succeeded")]  # no switch of revision
+    s = chaos.summarize(record(faults, switches))
+    assert s["recovery_rule"] == "switches allowed"
+    assert s["recovery_seconds"]["operator-killed"] == {"n": 2, "median": 3.5, "p95": 4.0, "max": 4.0}
+    assert s["whole_seconds"]["operator-killed"] == {"n": 1, "median": 30.0, "p95": 30.0, "max": 30.0}
+    assert s["switch_seconds"]["under_a_fault"]["n"] == 2 and s["switch_seconds"]["under_a_fault"]["max"] == 9.0
+    assert s["switch_seconds"]["clear_of_faults"] == {"n": 1, "median": 2.0, "p95": 2.0, "max": 2.0}
+
+
+def test_recovery_allows_a_switch_its_replica_only_for_models_the_fault_took_no_owner_from(monkeypatch):
+    """A fault of a shared component (the operator) has recovered when every model serves
+    with all its replicas but the one its switch takes away; a model the fault took an owner
+    from must be whole. ``whole`` waits for every model in scope, switches or not."""
+    import threading
+    import time
+    from types import SimpleNamespace as NS
+
+    soak = chaos.Soak.__new__(chaos.Soak)
+    soak.t0, soak._lock = time.monotonic(), threading.Lock()
+    a, b = chaos.SoakModel(NS(namespace="ns", name="a"), 2), chaos.SoakModel(NS(namespace="ns", name="b"), 3)
+    soak.models = [a, b]
+    soak.switches = [Switch("ns/b", "reload", 0.0, to="x", replicas=3)]          # b is switching
+    strength = {"ns/a": 2, "ns/b": 2}
+    monkeypatch.setattr(soak, "_system_ready", lambda: True, raising=False)
+    monkeypatch.setattr(soak, "_strength", lambda m, rm: strength[m.key], raising=False)
+    shared = injected("operator-killed", 0.0, None, affects=(), whole=None)
+    took_b = injected("owner-deleted", 0.0, None, affects=("ns/b",), whole=None)
+    soak.injected = [shared, took_b]
+    states = {"ns/a": {}, "ns/b": {}}
+    soak._follow_recovery(states)
+    assert shared.recovered is not None and shared.whole is None
+    assert took_b.recovered is None and took_b.whole is None
+    soak.switches[0].end = 1.0                                                    # b's switch ended
+    strength["ns/b"] = 3
+    soak._follow_recovery(states)
+    assert shared.whole is not None and took_b.recovered is not None and took_b.whole is not None
+    staged = Switch("ns/a", "staged", 0.0, to="y", replicas=2)                    # staging is no switch yet
+    soak.switches.append(staged)
+    assert soak._switch_allowance(a) == 2
+    staged.staged_at = 0.5
+    assert soak._switch_allowance(a) == 1
