@@ -16,8 +16,10 @@ server that holds the demo revisions. It applies a few models in namespaces of t
   owner hung (SIGSTOP, then SIGCONT), the bridge or the operator killed (SIGKILL: kubelet
   starts them again), a node's kubelet or containerd killed and started again after a
   while (as a service manager would), kube-apiserver or etcd killed and started again,
-  the bundle source stopped and started again, and with several nodes a node powered off
-  or cut from the network and brought back. The same seed gives the
+  the bundle source stopped and started again, with several nodes a node powered off
+  or cut from the network and brought back, and when the bridges collect against a budget
+  in bytes (``store_high_bytes``) a node store filled a tenth beyond its high watermark
+  with a revision no one uses (recovered once GC took it back under the watermark). The same seed gives the
   same schedule and the same choices of the driver (:func:`schedule` and the driver's own
   ``random.Random``), so a failure can be replayed.
 
@@ -42,9 +44,11 @@ recomputes the figures from it alone. A failed request is attributed to a docume
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import statistics
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -61,6 +65,7 @@ from .traffic import ClosedLoop
 ONE_NODE_FAULTS = ("owner-deleted", "owner-stalled", "bridge-killed", "operator-killed", "source-down",
                    "kubelet-killed", "containerd-killed", "apiserver-killed", "etcd-killed")
 NODE_FAULTS = ("node-power-cut", "node-network-cut")
+STORE_FAULTS = ("store-filled",)   # with a GC budget in bytes (``store_high_bytes``)
 CONTROL_PLANE_FAULTS = ("apiserver-killed", "etcd-killed")   # no recovery target: reported only
 ACTIONS = {"auto": 3, "reload": 2, "staged": 2, "lockstep": 1, "rollback": 1, "scale": 1}   # weights
 SWITCH_LIMIT_SECONDS = 240.0   # a switch not done by then is stuck
@@ -116,6 +121,8 @@ class Injected:
     affects: list[str]    # models that lost an owner by it
     start: float
     sole: list[str] = field(default_factory=list)   # of those, models it left with no running owner
+    store: str = ""       # a node store it filled: recovered once GC took it back under its high watermark
+    container: str = ""   # a system container it killed: recovered once the API server names another
     cleared: float | None = None
     recovered: float | None = None   # back at full strength, but for what the soak's own switches take away
     whole: float | None = None       # every model in scope at full strength, switches or not
@@ -138,13 +145,15 @@ class Soak:
     def __init__(self, cluster, installation, server, revisions: list[str], seed: int, duration: float,
                  models: int = 4, clients: int = 1, gap: tuple[float, float] = (10.0, 30.0),
                  kinds: tuple[str, ...] | None = None, isolated: bool = False,
-                 log: Callable[[str], None] = print):
+                 store_high_bytes: int | None = None, log: Callable[[str], None] = print):
         self.cluster, self.installation, self.server = cluster, installation, server
         self.revisions, self.seed, self.duration = revisions, seed, duration
         self.isolated = isolated
         self.clients, self.log = clients, log
         several = len(cluster.nodes) > 1
-        self.kinds = kinds or (ONE_NODE_FAULTS + (NODE_FAULTS if several else ()))
+        self.store_high = store_high_bytes   # the bridges' GC high watermark, when the soak installed one
+        self.kinds = kinds or (ONE_NODE_FAULTS + (NODE_FAULTS if several else ())
+                               + (STORE_FAULTS if store_high_bytes else ()))
         self.plan = schedule(seed, duration, self.kinds, gap)
         self.max_replicas = 3 if several else 2
         self.models = [SoakModel(Story(cluster, f"soak-{i}", f"m{i}", installation.bridge_root), 1 + i % 2)
@@ -363,6 +372,7 @@ class Soak:
                     return pods[f.pick % len(pods)], component, None
                 pod, container, _ = self._live(pick)
                 record.target = f"pod {pod.metadata.name} on {pod.spec.node_name}"
+                record.container = container
                 self.log(f"soak {self.now():7.1f}s: {f.kind} {record.target}")
                 faults.kill(container)
             elif f.kind in ("kubelet-killed", "containerd-killed"):
@@ -380,6 +390,13 @@ class Soak:
                     self.cluster.restart_apiserver(f.hold, sig=signal.SIGKILL)
                 else:
                     self.cluster.restart_etcd(f.hold)
+            elif f.kind == "store-filled":
+                node = self.cluster.nodes[f.pick % len(self.cluster.nodes)]
+                root = node.host_path(self.installation.bridge_root) / "store"
+                record.target, record.store = f"store of {node.name}", str(root)
+                before, after = self._fill_store(root)
+                self.log(f"soak {self.now():7.1f}s: {f.kind} on {node.name}: {before >> 20} -> {after >> 20} MiB "
+                         f"(high watermark {self.store_high >> 20} MiB)")
             elif f.kind == "source-down":
                 record.target = "the bundle source"
                 self.log(f"soak {self.now():7.1f}s: source down for {f.hold:.1f} s")
@@ -404,6 +421,30 @@ class Soak:
             self.log(f"soak {self.now():7.1f}s: {f.kind} not made: {record.error}")
         record.cleared = self.now()
         return record
+
+    def _fill_store(self, root: Path) -> tuple[int, int]:
+        """Put a revision of random bytes no one uses into the node store at ``root``,
+        beside the running bridge (the store is safe across processes), so that it holds a
+        tenth more than its high watermark; returns its usage before and after. The bridge's
+        GC must take it back under the watermark without touching what volumes lease."""
+        from bundle.scan import build_manifest, write_manifest
+        from bundle.sources.file import FileSource
+        from bundle.store import Store
+        store = Store(root)
+        before = store.usage_bytes()
+        size = max(1 << 20, self.store_high - before + self.store_high // 10)
+        with tempfile.TemporaryDirectory(prefix="resident-soak-fill-") as work:
+            with open(Path(work) / "filler.bin", "wb") as f:
+                for left in range(size, 0, -(4 << 20)):
+                    f.write(os.urandom(min(left, 4 << 20)))
+            manifest = build_manifest(work)
+            write_manifest(work, manifest)
+            source = FileSource(f"file://{work}")
+            try:
+                store.materialize(manifest, source)
+            finally:
+                source.close()
+        return before, store.usage_bytes()
 
     @staticmethod
     def _live(pick, wait: float = LIVE_CONTAINER_SECONDS):
@@ -464,10 +505,20 @@ class Soak:
         switching = s is not None and (s.action != "staged" or s.staged_at is not None)
         return m.replicas - 1 if switching else m.replicas
 
-    def _system_ready(self) -> bool:
-        system = self.core.list_namespaced_pod(self.installation.namespace).items
-        return all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-                   for p in system if p.metadata.deletion_timestamp is None)
+    def _under_watermark(self, root: str | Path) -> bool:
+        """The store's content (its catalog's blobs, read-only) is at most the high watermark."""
+        (used,), = db_rows(Path(root) / "store.db", "SELECT COALESCE(SUM(size), 0) FROM blobs") or [[0]]
+        return used <= self.store_high
+
+    def _system(self) -> tuple[bool, set[str]]:
+        """Whether every Pod of the installation is Ready, and the IDs of its containers the
+        API server names. Right after a kill it still names the dead container, Ready, until
+        the kubelet notices: a killed one has recovered only once another is named."""
+        system = [p for p in self.core.list_namespaced_pod(self.installation.namespace).items
+                  if p.metadata.deletion_timestamp is None]
+        ready = all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+                    for p in system)
+        return ready, {c.container_id for p in system for c in p.status.container_statuses or []}
 
     def _follow_recovery(self, states: dict[str, dict]) -> None:
         """A fault has recovered (``recovered``) when the system's Pods are Ready and every
@@ -482,14 +533,16 @@ class Soak:
         if not waiting:
             return
         try:
-            if not self._system_ready():
+            ready, containers = self._system()
+            if not ready:
                 return
             strength = {m.key: self._strength(m, states.get(m.key)) for m in self.models if m.key in states}
         except Exception:
             return   # the API server may be briefly away
         for i in waiting:
             scope = [m for m in self.models if not i.affects or m.key in i.affects]
-            if any(m.key not in strength for m in scope):
+            if any(m.key not in strength for m in scope) or (i.store and not self._under_watermark(i.store)) \
+                    or (i.container and i.container in containers):
                 continue
             if i.recovered is None and all(
                     strength[m.key] >= (m.replicas if m.key in i.affects else self._switch_allowance(m))
@@ -581,6 +634,8 @@ class Soak:
             for target, _, uid in pubs:
                 if uid not in live_pods:
                     found.append(f"{node.name}: publication {target} of a Pod that is gone")
+            if self.store_high and not self._under_watermark(root / "store"):
+                found.append(f"{node.name}: store above its high watermark ({self.store_high >> 20} MiB)")
             for holder, digest in db_rows(root / "store" / "store.db", "SELECT holder, digest FROM leases"):
                 kind, _, name = holder.partition(":")
                 if (kind == "volume" and name not in volumes) or (kind == "delivery" and name not in live_deliveries):

@@ -6,12 +6,13 @@ Resident is installed with its chart on a 3-node LocalCluster. Four models (cpu 
 and two with two; one client per model calls its Service all the time. Everything the
 soak does is :class:`localcluster.chaos.Soak`: the driver's switches (Auto, whole-bundle
 reload, lockstep, staged, rollback, scale), the faults (owner deleted or hung, bridge or
-operator killed, source down, a node powered off or cut off and back), and the checks.
+operator killed, source down, a node powered off or cut off and back, a node store filled
+beyond the GC's high watermark, which the bridges collect against, 192 MiB), and the checks.
 
 ``python run.py [--minutes 10|60] [--seed N] [--isolated] [--out D]``; ``--isolated``
 makes each fault wait until the one before has recovered (then its gap), so each recovery
 time is one fault's alone; ``--replay FOLDER/raw.json`` runs the soak of that record again
-(its seed, duration and mode: the same faults in the same order). Results go to
+(its seed, duration, mode and fault kinds: the same faults in the same order). Results go to
 ``<minutes>min-seed<N>[-isolated]/raw.json`` and ``summary.json``;
 ``verify.py`` recomputes the summary from raw.json.
 """
@@ -35,6 +36,9 @@ import benchkit  # noqa: E402
 SIZE_MIB = 16
 NODES = 3
 MODELS = 4
+# the bridges collect against this budget (every 10 s), so a store-filled fault can fill a
+# node store beyond it: the revisions live on a node lease at most 4 x 16 MiB of it
+STORE_HIGH_BYTES = 192 << 20
 # issue 31's targets for the full (60-minute) form: stated, not claimed; summary.json says whether met.
 # The recovery target is for every fault kind but the API server's and etcd's (reported only).
 TARGETS = {"stuck_switches": 0, "leaks": 0, "defect_requests": 0, "recovery_p95_seconds": 30.0}
@@ -58,13 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=31, help="the schedule's and the driver's seed")
     ap.add_argument("--isolated", action="store_true",
                     help="each fault waits until the one before has recovered, then its gap")
+    ap.add_argument("--kinds", help="only these fault kinds, comma-separated (e.g. store-filled,kubelet-killed): "
+                                    "to look at one kind; default every kind")
     ap.add_argument("--replay", type=Path, help="a raw.json whose seed, duration and mode to run again")
     ap.add_argument("--out", type=Path, default=None, help="default: <minutes>min-seed<seed>/ next to this script")
     args = ap.parse_args(argv)
+    kinds = tuple(args.kinds.split(",")) if args.kinds else None   # None: every kind the cluster allows
     if args.replay:
         old = json.loads(args.replay.read_text())
         args.seed, args.minutes = old["seed"], old["duration_seconds"] / 60
-        args.isolated = old.get("isolated", False)
+        args.isolated, kinds = old.get("isolated", False), tuple(old["kinds"])
     out = args.out or HERE / f"{args.minutes:g}min-seed{args.seed}{'-isolated' if args.isolated else ''}"
 
     from localcluster.chaos import Soak
@@ -81,12 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         server = stack.enter_context(BundleServer(work / "served", work / "logs", cluster=cluster))
         for d in dirs.values():
             server.push(d)
-        installation = install(cluster)
+        installation = install(cluster, bridge_values={
+            "gc": {"enabled": True, "highWaterBytes": STORE_HIGH_BYTES, "intervalSeconds": 10}})
         soak = Soak(cluster, installation, server, [revs.a, revs.b, revs.c, revs.d], seed=args.seed,
-                    duration=args.minutes * 60, models=MODELS, isolated=args.isolated)
+                    duration=args.minutes * 60, models=MODELS, isolated=args.isolated, kinds=kinds,
+                    store_high_bytes=STORE_HIGH_BYTES)
         record = soak.run()
         kubernetes_version = cluster.version
     raw = {"config": {"minutes": args.minutes, "size_mib": SIZE_MIB, "nodes": NODES, "models": MODELS,
+                      "store_high_mib": STORE_HIGH_BYTES >> 20,
                       "kubernetes": kubernetes_version},
            **benchkit.provenance(before, benchkit.machine()), **record}
     summary = recompute(raw)

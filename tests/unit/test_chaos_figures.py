@@ -206,12 +206,17 @@ def test_recovery_allows_a_switch_its_replica_only_for_models_the_fault_took_no_
     soak.models = [a, b]
     soak.switches = [Switch("ns/b", "reload", 0.0, to="x", replicas=3)]          # b is switching
     strength = {"ns/a": 2, "ns/b": 2}
-    monkeypatch.setattr(soak, "_system_ready", lambda: True, raising=False)
+    system = {"ready": True, "containers": {"containerd://operator-1"}}
+    monkeypatch.setattr(soak, "_system", lambda: (system["ready"], system["containers"]), raising=False)
     monkeypatch.setattr(soak, "_strength", lambda m, rm: strength[m.key], raising=False)
     shared = injected("operator-killed", 0.0, None, affects=(), whole=None)
     took_b = injected("owner-deleted", 0.0, None, affects=("ns/b",), whole=None)
+    shared.container = "containerd://operator-1"                                 # the killed one
     soak.injected = [shared, took_b]
     states = {"ns/a": {}, "ns/b": {}}
+    soak._follow_recovery(states)         # the API server still names the killed container
+    assert shared.recovered is None
+    system["containers"] = {"containerd://operator-2"}
     soak._follow_recovery(states)
     assert shared.recovered is not None and shared.whole is None
     assert took_b.recovered is None and took_b.whole is None
@@ -224,3 +229,18 @@ def test_recovery_allows_a_switch_its_replica_only_for_models_the_fault_took_no_
     assert soak._switch_allowance(a) == 2
     staged.staged_at = 0.5
     assert soak._switch_allowance(a) == 1
+
+
+def test_a_filled_store_holds_a_tenth_beyond_its_high_watermark_until_gc_takes_it_back(tmp_path):
+    """The store-filled fault puts a revision no one uses into a node store beside its
+    bridge; the fault has recovered, and no store leaks, only once GC is back under."""
+    from bundle.store import Store
+    soak = chaos.Soak.__new__(chaos.Soak)
+    soak.store_high = 8 << 20
+    root = tmp_path / "store"
+    before, after = soak._fill_store(root)
+    assert before == 0 and after >= (8 << 20) * 11 // 10 and Store(root).usage_bytes() == after
+    assert not soak._under_watermark(root)
+    Store(root).gc(soak.store_high, soak.store_high * 8 // 10)
+    assert soak._under_watermark(root)
+    assert "store-filled" in chaos.STORE_FAULTS
