@@ -61,12 +61,14 @@ def _condition(model: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in _status(model).get("conditions") or [] if c.get("type") == kind), {})
 
 
-def stage_patch(model: dict[str, Any], target: Revision | None) -> dict[str, Any]:
-    """``spec.stage`` set to ``target``, or removed (None)."""
+def stage_patch(model: dict[str, Any], target: Revision | None, preload: bool = False) -> dict[str, Any]:
+    """``spec.stage`` set to ``target`` (``preload``: loaded beside the live revision too),
+    or removed (None)."""
     if target is None and not _spec(model).get("stage"):
         raise Refused("nothing is staged (spec.stage is not set)")
     return _guarded(model, {"stage": None if target is None else
-                            {"source": target.source, "digest": target.digest}})
+                            {"source": target.source, "digest": target.digest,
+                             **({"preload": True} if preload else {})}})
 
 
 def switch_target(model: dict[str, Any], given: Revision | None) -> Revision:
@@ -122,13 +124,15 @@ def delivery_note(model: dict[str, Any], target: Revision) -> str:
     return f"{short(target.digest)} is not pre-staged: the switch delivers it"
 
 
-def staging_progress(model: dict[str, Any], digest: str) -> Progress:
-    """How far ``spec.stage`` = ``digest`` got: owners' nodes that hold it, of all."""
+def staging_progress(model: dict[str, Any], digest: str, preload: bool = False) -> Progress:
+    """How far ``spec.stage`` = ``digest`` got: owners' nodes that hold it, of all; with
+    ``preload``, whose owner has also loaded it beside the live revision, or said it cannot."""
     stage = _status(model).get("stage") or {}
     if stage.get("digest") != digest:
         return Progress(0, 0)
     nodes = stage.get("nodes") or []
-    done = sum(1 for n in nodes if n.get("state") in ("Staged", "Live"))
+    done = sum(1 for n in nodes if n.get("state") == "Live" or n.get("state") == "Staged" and (
+        not preload or (n.get("preload") or {}).get("state") in ("loaded", "failed")))
     cond = _condition(model, "Staged")
     if cond.get("reason") == "StageFailed":
         return Progress(done, len(nodes), True, cond.get("message") or "StageFailed")

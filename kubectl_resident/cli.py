@@ -87,6 +87,10 @@ def parser() -> argparse.ArgumentParser:
     stage.add_argument("model", metavar="MODEL", help="name of the ResidentModel")
     stage.add_argument("--source", help="where the revision comes from (as in spec.bundle.source)")
     stage.add_argument("--digest", help="its bundle digest, sha256:<64 hex>")
+    stage.add_argument("--preload", action="store_true",
+                       help="each owner also loads it beside the live revision, so a switch to it that "
+                            "reloads is a swap (memory for two revisions while staged); --wait then waits "
+                            "for the preloads too")
     stage.add_argument("--clear", action="store_true", help="remove spec.stage instead")
     switch = sub.add_parser("switch", parents=[common, waiting, committing],
                             help="switch to the staged revision (or to --source/--digest)",
@@ -178,7 +182,7 @@ def _stage(p: argparse.ArgumentParser, t: access.Target, args: argparse.Namespac
     target = _given(p, args)
     if (target is None) == (not args.clear):
         p.error("give --source and --digest, or --clear")
-    model = access.patch_model(t, change.stage_patch(access.read_model(t), target))
+    model = access.patch_model(t, change.stage_patch(access.read_model(t), target, args.preload))
     if target is None:
         print(f"residentmodel {t.name!r}: spec.stage removed; its revision is released", flush=True)
         return 0
@@ -186,9 +190,11 @@ def _stage(p: argparse.ArgumentParser, t: access.Target, args: argparse.Namespac
         print(f"residentmodel {t.name!r}: staging {view.short(target.digest)} (follow: kubectl resident get "
               f"{t.name} --watch)", flush=True)
         return 0
-    got = _wait(t, model, lambda m: change.staging_progress(m, target.digest),
+    got = _wait(t, model, lambda m: change.staging_progress(m, target.digest, args.preload),
                 f"staging {view.short(target.digest)}", args.timeout)
-    return _outcome(t, got, f"{view.short(target.digest)} staged on {got.done}/{got.total} owners' nodes")
+    return _outcome(t, got, f"{view.short(target.digest)} staged on {got.done}/{got.total} owners' nodes"
+                            + (" and preloaded (kubectl resident get shows any owner that could not)"
+                               if args.preload else ""))
 
 
 def _switch(p: argparse.ArgumentParser, t: access.Target, args: argparse.Namespace) -> int:

@@ -38,12 +38,24 @@ class Residency(Wire):
     bytes_resident: int = Field(alias="bytesResident")
 
 
+class PreloadRequest(Wire):
+    target: str = Field(pattern=DIGEST_PATTERN)
+
+
+class PreloadStatus(Wire):
+    """A revision loaded (or loading) beside the live one ahead of a switch (owner/preload.py)."""
+    digest: str
+    state: Literal["loading", "loaded", "failed"]
+    reason: str = ""
+
+
 class IdentityResponse(Wire):
     state: State
     identity: Identity | None
     backend: str
     capabilities: Capabilities
     residency: Residency | None = None  # where the live weights sit; null while nothing is loaded
+    preload: PreloadStatus | None = None  # null: none asked for
 
 
 class TransitionRequest(Wire):
@@ -94,6 +106,8 @@ class TransitionStatus(Wire):
     # a Deferred reload loaded its target beside the live revision while preparing (its
     # commit is a swap); false: no memory for both, the commit loads; null: not such a reload
     loaded_beside: bool | None = Field(default=None, alias="loadedBeside")
+    # the reload swapped in the revision preloaded ahead of the switch (spec.stage.preload)
+    preloaded: bool | None = None
     timings: Timings = Field(default_factory=Timings)
 
 

@@ -32,6 +32,7 @@ from typing import Iterator
 from . import api
 from .backends.base import Backend, BackendError, first_token
 from .metrics import OwnerMetrics
+from .preload import Preloads
 from .revision_lock import LockClosed, RevisionLock, WaitExpired
 from .revisions import Revision, RevisionError, RevisionNotFound, open_revision
 from .transitions import new_status, run_transition
@@ -118,6 +119,7 @@ class Owner:
         self.metrics = metrics or OwnerMetrics()
         self.apply_wait_seconds = apply_wait_seconds
         self.revision_lock = RevisionLock()
+        self.preloads = Preloads(self)    # a revision loaded beside the live one ahead of a switch
         self.engine = threading.Lock()
         self.reloading = False
         self.closing = threading.Event()  # cuts a reload's drain short at shutdown
@@ -161,7 +163,8 @@ class Owner:
         where = d.residency and api.Residency(device=d.residency.device, dtype=d.residency.dtype,
                                               bytesResident=d.residency.bytes)
         return api.IdentityResponse(state=self.state, identity=ident, backend=d.backend,
-                                    capabilities=api.Capabilities(inPlace=d.in_place), residency=where)
+                                    capabilities=api.Capabilities(inPlace=d.in_place), residency=where,
+                                    preload=self.preloads.current())
 
     def current(self) -> Revision | None:
         return getattr(self.backend, "revision", None)
@@ -274,6 +277,20 @@ class Owner:
         thread.start()
         return status
 
+    def preload(self, req: api.PreloadRequest) -> api.PreloadStatus:
+        """Load ``req.target``, staged in the volume, beside the live revision (owner/preload.py)."""
+        if self.state in ("quarantined", "unloaded", "loading"):
+            raise Refused(409, f"owner is {self.state}; preloads are refused {self.reason}".strip())
+        if req.target == self.live_digest():
+            raise Refused(409, f"{req.target} is the live revision: nothing to preload")
+        try:
+            open_revision(self.bundle_dir, req.target)
+        except RevisionNotFound as e:
+            raise Refused(404, str(e)) from None
+        except RevisionError as e:
+            raise Refused(400, str(e)) from None
+        return self.preloads.request(req.target)
+
     def _target(self, req: api.TransitionRequest) -> Revision:
         try:
             target = open_revision(self.bundle_dir, req.target)
@@ -368,5 +385,6 @@ class Owner:
                     pending.decision = ("abort", "the owner is stopping")
                     pending.decided.set()
         self.wait_idle()
+        self.preloads.drop()
         with self.revision_lock.exclusive(closed=True):
             self.backend.close()

@@ -81,7 +81,11 @@ class ControlHandler(OwnerHandler):
         self._dispatch({**self._probes(), "/v1/identity": self._identity})
 
     def do_POST(self) -> None:
-        self._dispatch({"/v1/transitions": self._post_transition, "/v1/generate": self._generate})
+        self._dispatch({"/v1/transitions": self._post_transition, "/v1/generate": self._generate,
+                        "/v1/preload": self._post_preload})
+
+    def do_DELETE(self) -> None:
+        self._dispatch({"/v1/preload": self._delete_preload})
 
     def _identity(self) -> None:
         if self._authorized():
@@ -117,6 +121,19 @@ class ControlHandler(OwnerHandler):
         if self._authorized():
             status = self.owner.commit(tid) if decision == "commit" else self.owner.abort(tid)
             self._send(200, api.dump(status))
+
+    def _post_preload(self) -> None:
+        """Preload a staged revision beside the live one; 202 with its state (loading, or as it is)."""
+        if self._authorized():
+            self._send(202, api.dump(self.owner.preload(self._body(api.PreloadRequest))))
+
+    def _delete_preload(self) -> None:
+        """Drop the preloaded revision; 200 with what it was, 404 when there was none."""
+        if self._authorized():
+            was = self.owner.preloads.drop()
+            if was is None:
+                raise Refused(404, "no revision is preloaded")
+            self._send(200, api.dump(was))
 
     def _generate(self) -> None:
         if self._authorized():

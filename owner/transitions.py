@@ -25,7 +25,9 @@ closed: the requests in flight finish, later ones get 503 with Retry-After until
 revision has answered its first token (and warmed up), when the owner turns ready again.
 With ``leaveEndpoints: false`` (the operator sends it for a model's only replica) the owner
 stays ready throughout: there is no other endpoint to drain to, and a client of the
-Service gets the owner's 503 with Retry-After rather than a refused connection.
+Service gets the owner's 503 with Retry-After rather than a refused connection. A reload
+to a revision the owner preloaded (owner/preload.py) is a swap, like the commit of a
+reload loaded beside: no drain, ready throughout, requests wait for the swap.
 
 Two steps (``commit: Deferred``, for a lockstep switch of several owners): the transition
 prepares as far as it can without touching the live revision (in place: admission and the
@@ -191,7 +193,11 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
     st.strategy = "Reload"
     t0 = time.perf_counter()
     _precheck(target)
-    beside = _load_beside(owner, st, target)
+    beside = owner.preloads.take(target.digest)   # loaded ahead of the switch: the commit is a swap
+    if beside is not None:
+        st.loaded_beside = st.preloaded = True
+    else:
+        beside = _load_beside(owner, st, target)
     t.stage_seconds = time.perf_counter() - t0
     if not owner.await_commit(st):
         return "ready", "aborted"
@@ -272,6 +278,7 @@ def run_transition(owner: "Owner", st: api.TransitionStatus, target: Revision,
         result, st.reason = "failed", f"{type(e).__name__}: {e}"
     finally:
         t.total_seconds = time.perf_counter() - start
+        owner.preloads.settle()
         st.identity = _identity(owner)
         owner.set_state(final, st.reason if final != "ready" else "")
         owner.reloading = False

@@ -70,6 +70,7 @@ class OwnerView:
     mount_message: str = ""
     node_lost: bool = False          # evicted by the taint manager: its node stopped reporting
     unresponsive: bool = False       # its owner gave no answer in time: not ready, whatever the Pod says
+    preload: dict[str, str] = field(default_factory=dict)   # digest, state, reason: loaded beside the live one
 
     @property
     def running(self) -> bool:
@@ -143,7 +144,7 @@ def owner_view(pod: dict[str, Any], identity: dict[str, Any] | None = None,
         in_place=caps.get("inPlace") if "inPlace" in caps else None,
         error=error, unschedulable=unschedulable_message(pod),
         exit_reason=exit_reason, exit_message=exit_message, node_lost=evicted_by_taint(pod),
-        unresponsive=unresponsive)
+        unresponsive=unresponsive, preload=dict((identity or {}).get("preload") or {}))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ revision replaced) is deleted by UID, and the bridge takes the revision out of t
 Owners added later (scale-up, a replaced owner: a new incarnation, so new names) get their
 own. ``status.stage`` and the ``Staged`` condition say how far ``spec.stage`` got on each
 owner's node.
+
+With ``spec.stage.preload`` each owner whose volume holds the staged revision is asked to
+load it beside the live one (``POST /v1/preload``, owner/preload.py), so a reload to it is
+a swap; a preload no longer wanted (the stage removed, changed or made live) is dropped
+(``DELETE``). Each node's row in ``status.stage`` says how its owner's preload stands.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from .context import ModelContext
 from .delivery import build_bundle_delivery, observe_delivery, prestaged
 from .model_state import ModelState
 from .observe import OwnerView
-from .owners import create_child
+from .owner_client import OwnerUnreachable
+from .owners import create_child, owner_client
 from .spec import ModelSpec
 
 STAGED, STAGING, FAILED, LIVE = "Staged", "Staging", "Failed", "Live"
@@ -99,6 +105,36 @@ def ensure_stages(ctx: ModelContext, state: ModelState, spec: ModelSpec, views: 
                                        f"{spec_['bundle']['digest'][:19]} is no longer kept staged")
 
 
+def ensure_preloads(ctx: ModelContext, spec: ModelSpec, views: list[OwnerView],
+                    deliveries: list[dict[str, Any]]) -> None:
+    """With ``spec.stage.preload``, ask each owner whose volume holds the staged revision to
+    load it beside the live one; drop every preload no longer wanted. A failed preload is not
+    asked for again (its reason is in ``status.stage``) until the stage changes."""
+    want = spec.stage.digest if spec.stage is not None and spec.stage.preload else ""
+    by_name = {bd["metadata"]["name"]: bd for bd in deliveries}
+    asks, loading = [], False
+    for v in stage_owners(spec, views):
+        if v.state not in ("ready", "transitioning"):
+            continue   # not answering, or nothing to load beside
+        have = v.preload.get("digest", "")
+        staged = bool(want) and v.identity.get("bundle") != want and bool(
+            (d := observe_delivery(by_name.get(naming.delivery_name(ctx.name, v.slot, v.incarnation, want))))
+            and d.staged)
+        if staged and have != want:
+            asks.append((v, owner_client(ctx, spec, v).request("POST", "/v1/preload", {"target": want},
+                                                               allow=(404, 409))))
+        elif have and have != want:
+            asks.append((v, owner_client(ctx, spec, v).request("DELETE", "/v1/preload", allow=(404,))))
+        loading |= staged and have == want and v.preload.get("state") == "loading"
+    answers = ctx.owner_calls.call_many([r for _, r in asks]) if asks else []
+    for (v, r), answer in zip(asks, answers):
+        if r.method == "POST" and not isinstance(answer, OwnerUnreachable) and answer[0] < 400:
+            ctx.event("PreloadRequested", f"owner {v.pod} on {v.node}: load {want[:19]} beside the live revision")
+            loading = True   # an unreachable owner or a refusal: the next pass asks again
+    if loading:   # no watch reports an owner's preload: look again shortly
+        ctx.follow_up.recheck_in(ctx.settings.owner_recheck_seconds)
+
+
 def stage_status(ctx_name: str, spec: ModelSpec, views: list[OwnerView],
                  deliveries: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``status.stage`` and the ``Staged`` condition for ``spec.stage`` (None, None without one)."""
@@ -125,6 +161,10 @@ def stage_status(ctx_name: str, spec: ModelSpec, views: list[OwnerView],
                 row["state"] = STAGING
                 if d is not None and d.reason:
                     row.update(reason=d.reason, message=d.message)
+        if spec.stage.preload and row["state"] != LIVE:
+            mine = v.preload if v.preload.get("digest") == digest else {}
+            row["preload"] = {"state": mine.get("state") or "pending",
+                              **({"reason": mine["reason"]} if mine.get("reason") else {})}
         nodes.append(row)
     held = sum(1 for n in nodes if n["state"] in (STAGED, LIVE))
     status = {"digest": digest, "ready": f"{held}/{len(owners)}", "nodes": nodes}

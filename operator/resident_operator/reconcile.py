@@ -22,7 +22,7 @@ from .context import ModelContext
 from .model_state import ModelState, StatusStore
 from .observe import OwnerView, derive_status
 from .owners import ensure_owner_pods, ensure_token, observe_owners, replace_broken_owners
-from .prestage import ensure_stages, stage_status
+from .prestage import ensure_preloads, ensure_stages, stage_status
 from .rollout import step_transition
 from .cleanup import release_deliveries_of_gone_owners
 from .control_policy import ensure_control_policy
@@ -121,6 +121,7 @@ def _with_stages(ctx: ModelContext, state: ModelState, spec: ModelSpec, views: l
     # the cache of deliveries is the API server's: no watch keeps their list (issue 27, point 1)
     deliveries = ctx.kube.list(ctx.namespace, "BundleDelivery", ctx.selector)
     ensure_stages(ctx, state, spec, views, deliveries)
+    ensure_preloads(ctx, spec, views, deliveries)
     if state.previous and not spec.transition.keep_previous:
         state.forget_previous()   # its deliveries went just now
     stage, cond = stage_status(ctx.name, spec, views, deliveries)

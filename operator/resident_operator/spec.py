@@ -56,9 +56,11 @@ class BundleRef(_Camel):
 
 
 class StageRef(_Camel):
-    """``spec.stage``: a revision to stage ahead on every owner's node (no switch)."""
+    """``spec.stage``: a revision to stage ahead on every owner's node (no switch); with
+    ``preload`` each owner also loads it beside the live revision, so a reload to it is a swap."""
     source: str
     digest: str
+    preload: bool = False
 
 
 class DeliverySpec(_Camel):

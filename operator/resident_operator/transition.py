@@ -112,6 +112,7 @@ class OwnerProgress(_Camel):
     first_token_at: float | None = Field(default=None, alias="firstTokenAt")   # the same clock
     # a reload prepared by loading the target beside the live revision (None: not a prepared reload)
     loaded_beside: bool | None = Field(default=None, alias="loadedBeside")
+    preloaded: bool | None = None   # the reload swapped in the target its owner preloaded (spec.stage.preload)
     staging_seconds: float | None = Field(default=None, alias="stagingSeconds")  # the bridge's own
     owner_seconds: float | None = Field(default=None, alias="ownerSeconds")      # the owner's own
     reason: str = ""
@@ -314,7 +315,8 @@ def _applying(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now: 
     update = {"applied_at": now, "strategy": ot.get("strategy") or p.strategy,
               "first_token_seconds": timings.get("firstTokenSeconds"),
               "owner_seconds": timings.get("totalSeconds"), "committed_at": ot.get("committedAt"),
-              "first_token_at": ot.get("firstTokenAt"), "loaded_beside": ot.get("loadedBeside")}
+              "first_token_at": ot.get("firstTokenAt"), "loaded_beside": ot.get("loadedBeside"),
+              "preloaded": ot.get("preloaded")}
     if result == "succeeded":
         return Decision(_to(p, Step.verifying, **update))
     if result == "needs-reload":

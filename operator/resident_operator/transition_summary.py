@@ -84,6 +84,8 @@ def summarize(t: TransitionState, now: float) -> dict[str, Any]:
                     for o in owners if o.committed_at] or None,
         # every owner's target was staged ahead (spec.stage, or the revision kept for a rollback)
         "prestaged": bool(owners) and all(o.prestaged for o in owners),
+        # and every owner had loaded it beside the live revision (spec.stage.preload): a swap
+        "preloaded": bool(owners) and all(o.preloaded for o in owners),
         "replaced": sum(1 for o in owners if o.replaced),
         "result": t.result,
         "reason": t.reason,

@@ -695,3 +695,83 @@ def test_a_deferred_reload_warms_its_target_up_beside_the_live_revision_before_t
 def test_memory_available_reads_the_kernel_and_the_cgroup():
     from owner.transitions import memory_available
     assert 0 < memory_available() < 1 << 50
+
+
+def wait_preload(c, state, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        preload = c.get("/v1/identity").json()["preload"]
+        if preload and preload["state"] == state:
+            return preload
+        time.sleep(0.02)
+    raise AssertionError(f"preload never {state}: {preload}")
+
+
+def test_a_preloaded_revision_turns_a_reload_to_it_into_a_swap_and_the_owner_stays_ready(volume, reference):
+    """spec.stage.preload: the owner loads a staged revision beside the live one ahead of
+    the switch; a reload to it then swaps it in, with no drain and no gap: readiness and
+    answers hold throughout, and the drain it was sent (5 s) is not waited out."""
+    vol, d = volume
+    with serving(vol) as c:
+        assert c.get("/v1/identity").json()["preload"] is None
+        r = c.post("/v1/preload", {"target": d["whole"]})
+        assert r.status_code == 202 and r.json()["digest"] == d["whole"], r.text
+        assert wait_preload(c, "loaded") == {"digest": d["whole"], "state": "loaded", "reason": ""}
+        assert c.generate().json()["tokens"] == reference[d["base"]]          # the live revision serves on
+        assert c.post("/v1/preload", {"target": d["whole"]}).json()["state"] == "loaded"   # asked again: as it is
+        seen, stop = set(), threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                seen.add(c.get("/readyz", auth=False).status_code)
+                time.sleep(0.005)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            r = c.post("/v1/transitions", {"target": d["whole"], "path": "WholeBundle", "strategy": "Reload",
+                                           "drainSeconds": 5})
+            st = wait_result(c, r.json()["id"])
+        finally:
+            stop.set()
+            watcher.join()
+        assert st["result"] == "succeeded" and st["strategy"] == "Reload", st
+        assert st["preloaded"] is True and st["loadedBeside"] is True
+        assert st["timings"]["totalSeconds"] < 5 and seen == {200}, (st["timings"], seen)
+        assert st["identity"] == identity_of(vol, d["whole"])
+        assert c.generate().json()["tokens"] == reference[d["whole"]]
+        assert c.get("/v1/identity").json()["preload"] is None                 # taken by the swap
+
+
+def test_preloads_are_refused_replaced_dropped_and_given_up_clearly(volume, reference, monkeypatch):
+    vol, d = volume
+    with serving(vol) as c:
+        assert c.post("/v1/preload", {"target": d["rows"]}, headers={}).status_code == 401
+        live = c.post("/v1/preload", {"target": d["base"]})
+        assert live.status_code == 409 and "is the live revision" in live.json()["error"]
+        missing = c.post("/v1/preload", {"target": "sha256:" + "e" * 64})
+        assert missing.status_code == 404
+        assert c.post("/v1/preload", {"target": "sha256:xyz"}).status_code == 400
+        assert requests.delete(c.url + "/v1/preload", headers=AUTH, timeout=10).status_code == 404
+        c.post("/v1/preload", {"target": d["rows"]})
+        wait_preload(c, "loaded")
+        c.post("/v1/preload", {"target": d["graph"]})                           # another: replaces it
+        assert wait_preload(c, "loaded")["digest"] == d["graph"]
+        dropped = requests.delete(c.url + "/v1/preload", headers=AUTH, timeout=10)
+        assert dropped.status_code == 200 and dropped.json()["digest"] == d["graph"]
+        assert c.get("/v1/identity").json()["preload"] is None
+        # a switch to a preloaded revision that does not reload (in place) leaves it of no use: dropped
+        c.post("/v1/preload", {"target": d["rows"]})
+        wait_preload(c, "loaded")
+        st = c.transition(d["rows"], strategy="InPlace")
+        assert st["result"] == "succeeded" and st["preloaded"] is None
+        assert c.get("/v1/identity").json()["preload"] is None
+        # no memory for two revisions: it says so, and a reload to it loads as always
+        from owner import transitions
+        monkeypatch.setattr(transitions, "memory_available", lambda: 0)
+        c.post("/v1/preload", {"target": d["whole"]})
+        failed = wait_preload(c, "failed")
+        assert "no memory for two revisions" in failed["reason"]
+        st = c.transition(d["whole"], strategy="Reload")
+        assert st["result"] == "succeeded" and st["preloaded"] is None
+        assert c.generate().json()["tokens"] == reference[d["whole"]]
+        assert c.get("/v1/identity").json()["preload"] is None

@@ -1,7 +1,9 @@
 """Pre-staged revisions on a real node (issue 26): kubelet, the bridge DaemonSet and the
 operator of the chart. The next revision is staged beside the live one while the owner
-serves the live one; the switch to it moves no byte, and so does the rollback to the
-revision kept staged after it (``spec.transition.keepPrevious``, the default).
+serves the live one, and preloaded beside it (``spec.stage.preload``); the switch to it, a
+reload, moves no byte and swaps the preloaded revision in, and the rollback to the
+revision kept staged after it (``spec.transition.keepPrevious``, the default) moves none
+either (it reloads: only ``spec.stage`` is preloaded).
 
 The switch and the rollback are made as a user would: ``kubectl resident switch|rollback
 --wait``, the project's plugin found by kubectl on PATH."""
@@ -32,12 +34,14 @@ def test_a_staged_revision_switches_and_rolls_back_without_delivery(world):
     b = world.fresh_revision("a", "rows", seed=91)   # new to the node
     story = world.story(NAMESPACE, "staged")
     body = model_body(story.name, url, a)
-    body["spec"]["stage"] = {"source": url, "digest": b}
+    body["spec"]["stage"] = {"source": url, "digest": b, "preload": True}
+    body["spec"]["transition"] = {"strategy": "Reload"}
     story.apply(body)
-    rm = story.wait("Ready on A with B staged", lambda rm: (
+    rm = story.wait("Ready on A with B staged and preloaded", lambda rm: (
         (rm.get("status") or {}).get("phase") == "Ready"
         and (rm["status"].get("identity") or {}).get("bundle") == a
-        and condition(rm, "Staged").get("reason") == "Staged"))
+        and condition(rm, "Staged").get("reason") == "Staged"
+        and ((rm["status"]["stage"]["nodes"] or [{}])[0].get("preload") or {}).get("state") == "loaded"))
     row, = rm["status"]["stage"]["nodes"]
     assert row["state"] == "Staged" and row["bytes"]["fetched"] > 0, row
     assert story.generate("hello")["identity"]["bundle"] == a   # B waits beside A
@@ -48,6 +52,7 @@ def test_a_staged_revision_switches_and_rolls_back_without_delivery(world):
     assert "note:" not in switched.stderr   # staged on the one owner's node: nothing to deliver
     last = story.get()["status"]["lastTransition"]
     assert last["to"] == b and last["result"] == "succeeded" and last["prestaged"] is True, last
+    assert last["strategy"] == "Reload" and last["preloaded"] is True, last   # a swap: no load in the switch
     assert last["bytes"]["fetched"] == 0 and last["durations"]["stagingSeconds"] == 0, last
     assert story.generate("hello")["identity"]["bundle"] == b
 
@@ -61,6 +66,7 @@ def test_a_staged_revision_switches_and_rolls_back_without_delivery(world):
     assert rolled.returncode == 0, rolled.stderr
     back = story.get()["status"]["lastTransition"]
     assert back["to"] == a and back["result"] == "succeeded" and back["prestaged"] is True, back
+    assert back["preloaded"] is False, back
     assert back["bytes"]["fetched"] == 0, back
     assert story.generate("hello")["identity"]["bundle"] == a
     story.delete_and_wait_gone()

@@ -74,6 +74,19 @@ def test_staging_progress_counts_nodes_that_hold_it_and_ends_on_staged_or_failed
     assert change.staging_progress(model(**staged_status(C, [S, S], S, "True")), B) == Progress(0, 0)
 
 
+def test_with_preload_a_stage_is_done_once_every_owner_loaded_it_or_said_it_cannot():
+    S, L = prestage.STAGED, prestage.LIVE
+    m = model(**staged_status(B, [S, S, L], S, "True"))
+    m["status"]["stage"]["nodes"][0]["preload"] = {"state": "loaded"}
+    m["status"]["stage"]["nodes"][1]["preload"] = {"state": "loading"}
+    assert change.staging_progress(m, B) == Progress(3, 3, True)
+    assert change.staging_progress(m, B, preload=True) == Progress(2, 3, False)
+    m["status"]["stage"]["nodes"][1]["preload"] = {"state": "failed", "reason": "no memory for two revisions"}
+    assert change.staging_progress(m, B, preload=True) == Progress(3, 3, True)
+    assert change.stage_patch(model(), Revision(SRC, B), preload=True)["spec"] == {
+        "stage": {"source": SRC, "digest": B, "preload": True}}
+
+
 def test_delivery_note_says_when_a_switch_will_deliver():
     assert change.delivery_note(model(**staged_status(B, [prestage.STAGED] * 2, "Staged", "True")),
                                 Revision(SRC, B)) == ""

@@ -104,3 +104,58 @@ def test_a_stagings_deliveries_are_created_in_node_name_order(monkeypatch):
     s = spec(replicas=3, stage={"source": "file:///b/b", "digest": B})
     prestage.ensure_stages(ctx, state, s, [owner(0, "node-2"), owner(1, "node-3"), owner(2, "node-1")], [])
     assert created == ["node-1", "node-2", "node-3"]
+
+
+def test_preloads_are_asked_of_owners_that_hold_the_stage_and_dropped_when_no_longer_wanted(monkeypatch):
+    """spec.stage.preload: an owner whose volume holds the staged revision is asked to load
+    it beside the live one; one whose delivery still stages is not yet; a failed preload is
+    not asked for again; a preload of another revision is dropped; without preload, none is
+    asked for and a held one is dropped. Each node's row says how its preload stands."""
+    from types import SimpleNamespace
+
+    from resident_operator import prestage
+    from resident_operator.owner_client import OwnerRequest, OwnerUnreachable
+    sent, events, rechecks = [], [], []
+
+    class Calls:
+        def call_many(self, requests):
+            sent.extend((r.method, r.url.split("/")[2], (r.body or {}).get("target")) for r in requests)
+            return [OwnerUnreachable("down") if "n4" in r.url else (202, {}) for r in requests]
+
+    class Client:
+        def __init__(self, v):
+            self.host = v.node
+
+        def request(self, method, path, body=None, allow=()):
+            return OwnerRequest("uid-m", "o", method, f"http://{self.host}{path}", "t", body, allow)
+
+    monkeypatch.setattr(prestage, "owner_client", lambda ctx, spec, v: Client(v))
+    ctx = SimpleNamespace(name="m", owner_calls=Calls(), event=lambda reason, msg: events.append(reason),
+                          follow_up=SimpleNamespace(recheck_in=rechecks.append),
+                          settings=SimpleNamespace(owner_recheck_seconds=5.0))
+    s = spec(replicas=5, stage={"source": "file:///b/b", "digest": B, "preload": True})
+    staged = {"phase": "Staged", "verified": True}
+    deliveries = [delivery(0, B, staged), delivery(1, B, {"phase": "Staging"}), delivery(2, B, staged),
+                  delivery(3, B, staged), delivery(4, B, staged)]
+    owners = [owner(0, "n0", state="ready"),                                   # staged: asked
+              owner(1, "n1", state="ready"),                                   # still staging
+              owner(2, "n2", state="ready", preload={"digest": B, "state": "failed", "reason": "no memory"}),
+              owner(3, "n3", state="ready", preload={"digest": C, "state": "loaded"}),   # another: replaced
+              owner(4, "n4", state="ready")]                                   # unreachable when asked
+    prestage.ensure_preloads(ctx, s, owners, deliveries)
+    assert sent == [("POST", "n0", B), ("POST", "n3", B), ("POST", "n4", B)]
+    assert events == ["PreloadRequested"] * 2 and rechecks == [5.0]
+    status, _ = stage_status("m", s, owners, deliveries)
+    assert [n.get("preload") for n in status["nodes"]] == [
+        {"state": "pending"}, {"state": "pending"}, {"state": "failed", "reason": "no memory"},
+        {"state": "pending"}, {"state": "pending"}]
+    # loading: nothing asked, a look again shortly; the stage removed: every preload dropped
+    sent.clear(), rechecks.clear()
+    loading = [owner(0, "n0", state="ready", preload={"digest": B, "state": "loading"})]
+    prestage.ensure_preloads(ctx, s, loading, deliveries)
+    assert sent == [] and rechecks == [5.0]
+    prestage.ensure_preloads(ctx, spec(replicas=5, stage={"source": "file:///b/b", "digest": B}), loading,
+                             deliveries)
+    assert sent == [("DELETE", "n0", None)]
+    assert "preload" not in stage_status("m", spec(stage={"source": "file:///b/b", "digest": B}),
+                                         loading, deliveries)[0]["nodes"][0]
