@@ -22,17 +22,17 @@ import threading
 from typing import TYPE_CHECKING
 
 from . import api, transitions
-from .backends.base import first_token
 from .revisions import open_revision
 
 if TYPE_CHECKING:
     from .runtime import Owner
 
 log = logging.getLogger("resident.owner")
-ROOM_FACTOR = 1.25   # memory needed beside the live revision: its weights' bytes, plus a quarter
 
 
 class Preloads:
+    """The owner's one preload: what was asked, how it stands, and the backend it loaded."""
+
     def __init__(self, owner: "Owner") -> None:
         self.owner = owner
         self.lock = threading.Lock()
@@ -83,22 +83,12 @@ class Preloads:
 
     def _load(self, mine: api.PreloadStatus) -> None:
         owner = self.owner
-        runtime = None
         try:
-            if not hasattr(owner.backend, "load_beside"):
-                raise PreloadRefused(f"the {owner.backend.name} backend cannot load a revision beside the live one")
-            live = owner.backend.describe().residency
-            need = int(ROOM_FACTOR * (live.bytes if live else 0))
-            if transitions.memory_available() < need:
-                raise PreloadRefused(f"no memory for two revisions: {need} bytes needed beside the live one")
-            revision = open_revision(owner.bundle_dir, mine.digest)
-            runtime = owner.backend.load_beside(revision)
-            if owner.warmup:
-                for variant in runtime.variants():
-                    first_token(runtime, variant)
+            refusal = transitions.beside_refusal(owner.backend)
+            if refusal:
+                raise PreloadRefused(refusal)
+            runtime = transitions.load_beside(owner, open_revision(owner.bundle_dir, mine.digest))
         except Exception as e:  # noqa: BLE001 - the live revision serves on, whatever failed
-            if runtime is not None:
-                runtime.close()
             reason = str(e) if isinstance(e, PreloadRefused) else f"{type(e).__name__}: {e}"
             log.warning("preload failed", extra={"bundle": mine.digest, "reason": reason})
             with self.lock:

@@ -159,24 +159,25 @@ def memory_available() -> int:
     return avail
 
 
-def _load_beside(owner: "Owner", st: api.TransitionStatus, target: Revision):
-    """A Deferred reload prepares by loading the target beside the live revision, when the
-    backend can and memory for both is there (the live weights' bytes again, plus a
-    quarter); its commit is then a swap. Otherwise None: the commit loads, as a reload does."""
-    if st.commit != "Deferred":
-        return None
-    if not hasattr(owner.backend, "load_beside"):   # the torch and vendor backends: they say so
-        st.loaded_beside = False
-        return None
-    live = owner.backend.describe().residency
+def beside_refusal(backend) -> str:
+    """Why ``backend`` cannot load a revision beside its live one now, or "": a backend
+    without ``load_beside`` (torch, the vendor adapters), or not the memory for both (the
+    live weights' bytes again, plus a quarter)."""
+    if not hasattr(backend, "load_beside"):
+        return f"the {backend.name} backend cannot load a revision beside the live one"
+    live = backend.describe().residency
     need = int(1.25 * (live.bytes if live else 0))
     if memory_available() < need:
-        log.info("no memory to load beside the live revision; the commit will load",
-                 extra={"transition": st.id, "needBytes": need})
-        st.loaded_beside = False
-        return None
-    beside = owner.backend.load_beside(target)   # ReloadRefused: the live revision serves on
-    if owner.warmup:   # warmed here, while the live revision serves, not after the swap
+        return f"no memory for two revisions: {need} bytes needed beside the live one"
+    return ""
+
+
+def load_beside(owner: "Owner", target: Revision):
+    """``target`` loaded into a backend of its own beside the live revision, and warmed up
+    there when the owner warms up (while the live revision serves, not after a swap).
+    Raises ReloadRefused: nothing live changed."""
+    beside = owner.backend.load_beside(target)
+    if owner.warmup:
         try:
             for variant in beside.variants():
                 first_token(beside, variant)
@@ -184,6 +185,22 @@ def _load_beside(owner: "Owner", st: api.TransitionStatus, target: Revision):
             beside.close()
             raise ReloadRefused(f"warming {target.digest} up beside the live revision failed: "
                                 f"{type(e).__name__}: {e}") from e
+    return beside
+
+
+def _load_beside(owner: "Owner", st: api.TransitionStatus, target: Revision):
+    """A Deferred reload prepares by loading the target beside the live revision when it
+    can (:func:`beside_refusal`); its commit is then a swap. Otherwise None: the commit
+    loads, as a reload does."""
+    if st.commit != "Deferred":
+        return None
+    refusal = beside_refusal(owner.backend)
+    if refusal:
+        log.info("not loading beside the live revision; the commit will load",
+                 extra={"transition": st.id, "reason": refusal})
+        st.loaded_beside = False
+        return None
+    beside = load_beside(owner, target)
     st.loaded_beside = True
     return beside
 
