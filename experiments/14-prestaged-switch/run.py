@@ -13,8 +13,11 @@ rows changed), with Auto delivery. Arms (n rounds, order alternating each round)
 - ``reload``:             not staged; switched by a reload (strategy Reload)
 - ``reload_prestaged``:   staged first, then switched by a reload
 - ``reload_prepared``:    staged first, then switched by a reload with ``commit: Lockstep``:
-  the owner prepares (loads the new revision beside the live one, which serves on), and
-  its commit is a swap
+  the owner prepares (loads the new revision beside the live one, which serves on) after
+  the spec change, and its commit is a swap
+- ``reload_preloaded``:   staged first with ``spec.stage.preload`` (untimed: until the owner
+  has also loaded it beside the live revision, ``status.stage.nodes[].preload`` loaded),
+  then switched by a reload, which swaps it in
 
 Before an un-staged arm ``spec.stage`` is removed and the script waits until nothing is
 staged beside the live revision (no ``status.stage``, no ``status.previousBundle``, no
@@ -56,22 +59,27 @@ import benchkit  # noqa: E402
 exp09 = benchkit.sibling("09-e2e-delivery-table")
 
 AUTO = {"mode": "Auto", "rebase": "Auto"}
-# arm: (revision kind, delivery, strategy, staged ahead, commit)
+# arm: (revision kind, delivery, strategy, staged ahead, commit, preloaded ahead)
 ARMS = {
-    "in_place": ("rows", AUTO, "InPlace", False, "Rolling"),
-    "in_place_prestaged": ("rows", AUTO, "InPlace", True, "Rolling"),
-    "reload": ("rows", AUTO, "Reload", False, "Rolling"),
-    "reload_prestaged": ("rows", AUTO, "Reload", True, "Rolling"),
-    "reload_prepared": ("rows", AUTO, "Reload", True, "Lockstep"),
+    "in_place": ("rows", AUTO, "InPlace", False, "Rolling", False),
+    "in_place_prestaged": ("rows", AUTO, "InPlace", True, "Rolling", False),
+    "reload": ("rows", AUTO, "Reload", False, "Rolling", False),
+    "reload_prestaged": ("rows", AUTO, "Reload", True, "Rolling", False),
+    "reload_prepared": ("rows", AUTO, "Reload", True, "Lockstep", False),
+    "reload_preloaded": ("rows", AUTO, "Reload", True, "Rolling", True),
 }
 RATIOS = {
     "in_place_over_in_place_prestaged": ("in_place", "in_place_prestaged"),
     "reload_over_reload_prestaged": ("reload", "reload_prestaged"),
     "reload_over_reload_prepared": ("reload", "reload_prepared"),
+    "reload_over_reload_preloaded": ("reload", "reload_preloaded"),
 }
-# issue 26's targets, of the main figure: stated, not claimed; summary.json says whether met
+# issue 26's targets, of the main figure: stated, not claimed; summary.json says whether met.
+# "a reload whose owner prepared (the new revision loaded beside the old one)" on a revision
+# staged ahead: the owner that preloaded at the stage; the lockstep reload prepares only
+# after the spec change, so its ratio is reported beside it, without a target
 TARGETS = {"in_place_over_in_place_prestaged": 4.0, "reload_over_reload_prestaged": 2.5,
-           "reload_over_reload_prepared": 4.0}
+           "reload_over_reload_preloaded": 4.0}
 
 METRIC = "spec_to_first_token_seconds"
 INTERRUPTION = "commit_to_first_token_seconds"
@@ -145,7 +153,8 @@ def sample_of(last: dict, seconds: float, done: float) -> dict:
             "fetched": b["fetched"], "reused": b["reused"], "written": b["written"],
             "prestaged": last.get("prestaged"), "path": last.get("path"), "method": last.get("method"),
             "strategy": last.get("strategy"), "commit": last.get("commit"), "result": last.get("result"),
-            "loaded_beside": [c.get("loadedBeside") for c in last["commits"]]}
+            "loaded_beside": [c.get("loadedBeside") for c in last["commits"]],
+            "preloaded": last.get("preloaded")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,16 +203,20 @@ def main(argv: list[str] | None = None) -> int:
                 benchkit.wait_until("nothing staged", nothing_staged, timeout=600.0, every=0.25)
                 story.wait_ready(live["digest"])
 
-            def staged(rm: dict, digest: str) -> bool:
+            def staged(rm: dict, digest: str, preload: bool) -> bool:
                 if condition(rm, "Staged").get("reason") == "StageFailed":
                     raise RuntimeError(f"staging {digest[:19]} failed: {condition(rm, 'Staged').get('message')}")
-                return (((rm.get("status") or {}).get("stage") or {}).get("digest") == digest
-                        and rm["status"]["stage"].get("ready") == "1/1"
+                stage = (rm.get("status") or {}).get("stage") or {}
+                loaded = ((stage.get("nodes") or [{}])[0].get("preload") or {}).get("state")
+                if loaded == "failed":
+                    raise RuntimeError(f"preloading {digest[:19]} failed: {stage['nodes'][0]['preload']}")
+                return (stage.get("digest") == digest and stage.get("ready") == "1/1"
                         and condition(rm, "Staged").get("status") == "True"
-                        and condition(rm, "Staged").get("reason") == "Staged")
+                        and condition(rm, "Staged").get("reason") == "Staged"
+                        and (not preload or loaded == "loaded"))
 
             def arm(name: str):
-                kind, delivery, strategy, prestaged, commit = ARMS[name]
+                kind, delivery, strategy, prestaged, commit, preload = ARMS[name]
                 transition = {"strategy": strategy, "commit": commit}
 
                 def once() -> dict:
@@ -218,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                     ahead = None
                     if prestaged:   # untimed: stage beside the live revision, wait until it is held
                         t0 = time.monotonic()
-                        story.patch_spec({"stage": ref, "delivery": delivery, "transition": transition})
-                        rm = story.wait("staged", lambda rm: staged(rm, digest), timeout=600.0)
+                        story.patch_spec({"stage": {**ref, "preload": preload}, "delivery": delivery,
+                                          "transition": transition})
+                        rm = story.wait("staged", lambda rm: staged(rm, digest, preload), timeout=600.0)
                         row, = rm["status"]["stage"]["nodes"]
                         ahead = {"wait_seconds": round(time.monotonic() - t0, 4), "seconds": row.get("seconds"),
                                  **{k: (row.get("bytes") or {}).get(k) for k in ("fetched", "reused", "written")}}

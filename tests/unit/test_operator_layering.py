@@ -1,4 +1,5 @@
-"""Imports point one way: pure modules never reach the API server, kopf or other packages."""
+"""Imports point one way: four layers, each importing only its own and those below; pure
+modules never reach the API server, kopf or other packages."""
 
 import ast
 from pathlib import Path
@@ -32,6 +33,35 @@ def test_pure_modules_have_no_side_effect_imports():
         bad = {m for m in imports(PKG / f"{name}.py")
                if m.split(".")[0] in ("kubernetes", "kopf", "requests") or m in SIDE_EFFECTS}
         assert not bad, f"{name}.py imports {bad}"
+
+
+# The operator's four layers (docs/operator.md, "Shape of the code"): a module imports only
+# modules of its own layer or of a layer below. Every module is placed: a new one must be.
+LAYERS = {
+    "pure": {"spec", "settings", "naming", "conditions", "children", "delivery", "placement", "pod_template",
+             "pod_verdicts", "planning", "transition", "transition_summary", "observe", "source_probes"},
+    "effects": {"kube", "owner_client", "context", "model_state", "metrics", "structured_logs"},
+    "steps": {"owners", "owner_step", "rollout", "template_roll", "prestage", "companions", "serving",
+              "control_policy", "disruption", "source_check", "cleanup", "reconcile"},
+    "runtime": {"passes", "driver", "sweep", "leadership", "handlers", "__main__", "__init__"},
+}
+
+
+def test_every_module_sits_in_one_layer_and_imports_only_its_own_or_lower_layers():
+    rank = {m: i for i, mods in enumerate(LAYERS.values()) for m in mods}
+    names = {path.stem for path in PKG.glob("*.py")}
+    assert names == set(rank), f"not placed in a layer: {sorted(names - set(rank))}; " \
+                               f"placed but gone: {sorted(set(rank) - names)}"
+    upward = []
+    for name in sorted(names):
+        for m in imports(PKG / f"{name}.py"):
+            parts = m.split(".")
+            if parts[0] != "resident_operator" or len(parts) < 2 or parts[1] not in rank:
+                continue
+            if rank[parts[1]] > rank[name]:
+                upward.append(f"{name} ({list(LAYERS)[rank[name]]}) imports {parts[1]} "
+                              f"({list(LAYERS)[rank[parts[1]]]})")
+    assert not upward, upward
 
 
 def test_operator_imports_no_other_component():
