@@ -19,9 +19,9 @@ server that holds the demo revisions. It applies a few models in namespaces of t
   the bundle source stopped and started again, with several nodes a node powered off
   or cut from the network and brought back, and when the bridges collect against a budget
   in bytes (``store_high_bytes``) a node store filled a tenth beyond its high watermark
-  with a revision no one uses (recovered once GC took it back under the watermark). The same seed gives the
-  same schedule and the same choices of the driver (:func:`schedule` and the driver's own
-  ``random.Random``), so a failure can be replayed.
+  with a revision no one uses (recovered once GC took it back under the watermark). The
+  same seed gives the same schedule and the same choices of the driver (:func:`schedule`
+  and the driver's own ``random.Random``), so a failure can be replayed.
 
 With ``isolated`` each fault waits until the one before has recovered, then its gap, so
 every recovery time is one fault's alone (faults otherwise overlap a slow recovery).
@@ -541,8 +541,8 @@ class Soak:
             return   # the API server may be briefly away
         for i in waiting:
             scope = [m for m in self.models if not i.affects or m.key in i.affects]
-            if any(m.key not in strength for m in scope) or (i.store and not self._under_watermark(i.store)) \
-                    or (i.container and i.container in containers):
+            if any(m.key not in strength for m in scope) or (i.container and i.container in containers) \
+                    or (i.store and not self._under_watermark(i.store)):
                 continue
             if i.recovered is None and all(
                     strength[m.key] >= (m.replicas if m.key in i.affects else self._switch_allowance(m))
