@@ -31,6 +31,11 @@ class Denied(Exception):
     """The Pod's namespace does not declare the bundle it asks for (or cannot be checked)."""
 
 
+class Unchecked(Denied):
+    """The check could not be made: the API server did not answer, or answered 429 or 5xx.
+    Still a refusal (the bridge fails closed), but a passing one: try again."""
+
+
 class Authorizer(Protocol):
     name: str
 
@@ -121,9 +126,10 @@ class ApiPolicy:
         except ApiException as e:
             if e.status == 404:
                 raise Denied(f"ResidentModel {bundle.model!r} not found in namespace {ns!r}") from None
-            raise Denied(f"cannot read ResidentModels in {ns!r}: HTTP {e.status} {e.reason}") from None
-        except Exception as e:  # network errors: fail closed, say why
-            raise Denied(f"cannot read ResidentModels in {ns!r}: {type(e).__name__}: {e}") from None
+            refusal = Unchecked if e.status == 429 or e.status >= 500 else Denied
+            raise refusal(f"cannot read ResidentModels in {ns!r}: HTTP {e.status} {e.reason}") from None
+        except Exception as e:  # network errors: fail closed, say why, and try again
+            raise Unchecked(f"cannot read ResidentModels in {ns!r}: {type(e).__name__}: {e}") from None
         if not any(model_declares(m, bundle) for m in models):
             who = f"ResidentModel {bundle.model!r}" if bundle.model else "no ResidentModel"
             verb = "does not declare" if bundle.model else "declares"

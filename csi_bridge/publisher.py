@@ -44,7 +44,7 @@ from bundle.errors import BundleError
 from bundle.manifest import MANIFEST_NAME
 from . import checkpoints, mountinfo, mounts, volumes
 from .arguments import PublishArgs, UnpublishArgs
-from .authorization import Authorizer, Denied
+from .authorization import Authorizer, Denied, Unchecked
 from .fetches import Fetch, Fetches
 from .locks import VolumeLocks
 from .metrics import BridgeMetrics
@@ -131,6 +131,8 @@ class Publisher:
                                "did not make")
             try:
                 self.authorizer.authorize(args.pod, args.bundle)
+            except Unchecked as e:   # the API server away: kubelet retries
+                raise CsiError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
             except Denied as e:
                 self.metrics.unauthorized_mounts.labels(reason="namespace").inc()
                 raise CsiError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None

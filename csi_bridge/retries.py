@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 RETRIED_REASONS = frozenset({"SourceUnavailable", "AccessDenied", "StoreFull", "IntegrityMismatch",
-                             "StoreError", "InternalError"})
+                             "StoreError", "InternalError", "AuthorizationUnavailable"})
 
 
 @dataclass(frozen=True)

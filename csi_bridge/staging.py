@@ -42,7 +42,7 @@ from bundle.manifest import MANIFEST_NAME, ManifestError, revision_dirname
 from bundle.sources import reads_credentials
 from . import checkpoints, volumes
 from .arguments import BundleRef, PodRef
-from .authorization import Denied
+from .authorization import Denied, Unchecked
 from .peering import peer_bytes
 from .state import Delivery, Publication
 from .status import CsiError
@@ -111,6 +111,8 @@ def authorize(bridge, namespace: str, spec: DeliverySpec, pub: Publication) -> N
         bridge.authorizer.authorize(
             PodRef(namespace=namespace, name=spec.pod_name, uid=spec.pod_uid),
             BundleRef(digest=spec.bundle.digest, source=spec.bundle.source, model=spec.model))
+    except Unchecked as e:   # the API server away: retried, like a source that is down
+        raise StageFailed("AuthorizationUnavailable", str(e)) from None
     except Denied as e:
         raise StageFailed("NotAuthorized", str(e)) from None
 

@@ -12,6 +12,7 @@ map to codes by what the caller can do about them:
 | IntegrityMismatch       | DATA_LOSS          | the source's bytes are wrong; nothing is published |
 | ManifestError/PlanError | FAILED_PRECONDITION| the bundle as named cannot be delivered       |
 | namespace denied        | PERMISSION_DENIED  |                                               |
+| namespace not checkable | UNAVAILABLE        | the API server did not answer: kubelet retries |
 | fetch still running     | ABORTED            | kubelet retries and the retry finishes        |
 """
 

@@ -209,3 +209,30 @@ def test_a_remount_keeps_the_revision_the_volume_switched_to(env):
     env.bridge = Bridge(env.bridge.config).start()
     assert mountinfo.mount_at(env.target).read_only   # its reconcile remounted the volume
     assert (env.target / "current" / "w.safetensors").read_bytes() == W2
+
+
+def test_an_api_server_that_does_not_answer_refuses_for_a_while_not_for_good(env, tmp_path):
+    """The chaos soak's hour: a delivery failed for good (NotAuthorized, "not retried until
+    the spec changes") on a connection refused by the API server's Service. A check that
+    could not be made still refuses (closed), but as a passing failure: the delivery is
+    retried with backoff, and a publish answers UNAVAILABLE, which kubelet retries."""
+    import grpc
+    from kubernetes import client
+
+    from csi_bridge import retries
+    from csi_bridge.authorization import ApiPolicy
+    config = client.Configuration()
+    config.host, config.verify_ssl = "https://127.0.0.1:1", False   # nothing listens there
+    env.bridge.authorizer = env.bridge.publisher.authorizer = ApiPolicy(client.ApiClient(config))
+    with pytest.raises(staging.StageFailed) as e:
+        staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))
+    assert e.value.reason == "AuthorizationUnavailable" and "cannot read ResidentModels" in e.value.message
+    assert retries.next_attempt(e.value.reason, 1, retries.Backoff(), 0.0) is not None
+    assert retries.next_attempt("NotAuthorized", 1, retries.Backoff(), 0.0) is None   # a refusal stays
+    assert_untouched(env, "uid-d")
+    target = tmp_path / "pod2" / "mount"
+    target.parent.mkdir()
+    with CsiClient(tmp_path / "csi.sock") as c, pytest.raises(grpc.RpcError) as refused:
+        c.node.NodePublishVolume(publish_request("csi-2", target, env.d2, f"file://{tmp_path}/v2",
+                                                 pod_uid="uid-2", model="m"))
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
