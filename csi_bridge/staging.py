@@ -30,7 +30,6 @@ BundleDelivery objects and writes back the status it returns.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bundle.errors import (AccessDenied, IntegrityMismatch, PlanError, SourceUnavailable, StoreError,
                            StoreFull)
-from bundle.manifest import MANIFEST_NAME, ManifestError, revision_dirname
+from bundle.manifest import ManifestError, revision_dirname
 from bundle.sources import reads_credentials
 from . import checkpoints, volumes
 from .arguments import BundleRef, PodRef
@@ -173,7 +172,7 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         checkpoints.reached("stage:after-link")
         if spec.activate:
             volumes.set_current(vdir, digest)
-        verified = verify_staged(store, vdir, digest) and res.verified
+        verified = volumes.holds_store_tree(store, vdir, digest) and res.verified
         status = {
             "phase": "Staged" if verified else "Failed",
             "observedGeneration": generation,
@@ -209,20 +208,6 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         return status
     finally:
         lock.__exit__(None, None, None)
-
-
-def verify_staged(store, volume: Path, digest: str) -> bool:
-    """Every file of the staged revision is the store's (verified) inode with its size."""
-    staged, src = volumes.revision_dir(volume, digest), store.revision_path(digest)
-    manifest = store.manifest(digest)
-    for entry in manifest.files:
-        try:
-            a, b = os.stat(staged / entry.path), os.stat(src / entry.path)
-        except OSError:
-            return False
-        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) or a.st_size != entry.size:
-            return False
-    return (staged / MANIFEST_NAME).read_bytes() == manifest.canonical_json()
 
 
 def release(bridge, uid: str, spec: dict | None = None) -> bool:

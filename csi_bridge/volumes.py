@@ -42,12 +42,35 @@ def has_revision(volume: Path, digest: str) -> bool:
     return (revision_dir(volume, digest) / MANIFEST_NAME).is_file()
 
 
+def holds_store_tree(store, volume: Path, digest: str) -> bool:
+    """Every file of revision ``digest`` in the volume is the store's (verified) inode with
+    the manifest's size, and its manifest is the store's."""
+    staged, src = revision_dir(volume, digest), store.revision_path(digest)
+    manifest = store.manifest(digest)
+    for entry in manifest.files:
+        try:
+            a, b = os.stat(staged / entry.path), os.stat(src / entry.path)
+        except OSError:
+            return False
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) or a.st_size != entry.size:
+            return False
+    return (staged / MANIFEST_NAME).read_bytes() == manifest.canonical_json()
+
+
 def link_revision(store, volume: Path, digest: str) -> Path:
-    """Hardlink the store's revision ``digest`` into the volume (whole, or not at all)."""
+    """Hardlink the store's revision ``digest`` into the volume (whole, or not at all).
+
+    A tree of ``digest`` already there is kept when it is the store's. One that is not was
+    left by an earlier staging whose store copy the store collected since (a revision the
+    volume holds but ``current`` does not name is not leased): the store has made it again,
+    and the volume gets the store's tree in its place (the chaos soak's hour found a switch
+    back to such a revision failing its verification for good)."""
     volume = Path(volume)
     final = revision_dir(volume, digest)
     if final.is_dir():
-        return final
+        if current_digest(volume) == digest or holds_store_tree(store, volume, digest):
+            return final
+        unlink_revision(volume, digest)
     incoming = volume / INCOMING
     clear_incoming(volume)
     incoming.mkdir(parents=True, exist_ok=True)

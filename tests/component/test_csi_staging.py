@@ -236,3 +236,25 @@ def test_an_api_server_that_does_not_answer_refuses_for_a_while_not_for_good(env
         c.node.NodePublishVolume(publish_request("csi-2", target, env.d2, f"file://{tmp_path}/v2",
                                                  pod_uid="uid-2", model="m"))
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+
+
+def test_a_revision_left_in_the_volume_and_collected_from_the_store_stages_again(env):
+    """The chaos soak's hour: a revision a transition had put into the volume stays there
+    after the volume moved on, unleased; the store collected it (a store filled to its
+    watermark), and a switch back to it staged it anew in the store while the volume still
+    held the old tree, whose inodes are not the store's: VerificationFailed, for good. The
+    volume now gets the store's tree in place of the stale one."""
+    first = staging.stage(env.bridge, "uid-a", "team-a", "a", 1, spec(env))   # activate: current is V2
+    assert first["phase"] == "Staged"
+    staging.stage(env.bridge, "uid-b", "team-a", "b", 1,
+                  spec(env, bundle={"source": f"file://{env.tmp}/v1", "digest": env.d1}))   # back to V1
+    staging.release(env.bridge, "uid-a", {"activate": True})   # a transition's revision stays in the volume
+    stale = os.stat(env.target / "revisions" / env.d2.replace(":", "-") / "w.safetensors").st_ino
+    assert env.d2 not in {l.digest for l in env.bridge.store.leases()}
+    env.bridge.store.gc(0, 0)                                 # unleased: collected from the store
+    assert not env.bridge.store.has_revision(env.d2)
+    again = staging.stage(env.bridge, "uid-c", "team-a", "c", 1, spec(env, activate=False))
+    assert again["phase"] == "Staged" and again["verified"], again["message"]
+    tree = env.target / "revisions" / env.d2.replace(":", "-")
+    assert os.stat(tree / "w.safetensors").st_ino != stale and (tree / "w.safetensors").read_bytes() == W2
+    assert os.readlink(env.target / "current") == "revisions/" + env.d1.replace(":", "-")
