@@ -76,6 +76,7 @@ CLIENT_PAUSE_SECONDS = 0.05    # between a client's answer and its next request:
 LIVE_CONTAINER_SECONDS = 30.0   # how long a fault waits for the API server to name a restarted container
 ISOLATION_LIMIT_SECONDS = 300.0  # isolated: the longest the next fault waits for the last one's recovery
 ENDPOINT_SNAPSHOTS = 300         # at most this many EndpointSlice readings at failed requests are kept
+SLOT_LABEL = "resident.dev/slot"  # an owner Pod's replica slot (a replacement keeps it)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class Injected:
     affects: list[str]    # models that lost an owner by it
     start: float
     sole: list[str] = field(default_factory=list)   # of those, models it left with no running owner
+    slots: list[str] = field(default_factory=list)  # the owners it took, as "<model>#<slot>"
     store: str = ""       # a node store it filled: recovered once GC took it back under its high watermark
     container: str = ""   # a system container it killed: recovered once the API server names another
     cleared: float | None = None
@@ -354,6 +356,7 @@ class Soak:
                     return pod, pod.spec.containers[0].name, (key, pods)
                 pod, container, (key, pods) = self._live(pick)
                 record.target, record.affects = f"pod {pod.metadata.namespace}/{pod.metadata.name}", [key]
+                record.slots = [_slot(pod, key)]
                 record.sole = [key] if sum(1 for _, k in pods if k == key) == 1 else []
                 self.log(f"soak {self.now():7.1f}s: {f.kind} {record.target}")
                 if f.kind == "owner-deleted":
@@ -406,6 +409,7 @@ class Soak:
                 record.target = f"node {name}"
                 pods = self._owner_pods(running=False)   # a starting or draining owner dies with its node too
                 record.affects = sorted({key for pod, key in pods if pod.spec.node_name == name})
+                record.slots = sorted({_slot(pod, key) for pod, key in pods if pod.spec.node_name == name})
                 record.sole = [k for k in record.affects if all(p.spec.node_name == name for p, key in pods if key == k)]
                 self.log(f"soak {self.now():7.1f}s: {f.kind} {name} for {f.hold:.1f} s")
                 if f.kind == "node-power-cut":
@@ -478,24 +482,26 @@ class Soak:
                     out.append((p, m.key))
         return out
 
-    def _strength(self, m: SoakModel, rm: dict | None) -> int:
-        """How many owners of ``m`` serve: the fewer of those its status counts ready and
-        of those that answer their readiness path themselves, at their Pod IP. The API
-        server's word is not enough: after a node's power cut shorter than the node
-        monitor's grace period, it says Ready of the node's owners until the restarted
-        kubelet reports them, while their Pod IP refuses every connection."""
+    def _serving(self, m: SoakModel, rm: dict | None) -> tuple[int, set[str]]:
+        """How many owners of ``m`` serve, and the slots of those that answer: the count is
+        the fewer of those its status counts ready and of those that answer their readiness
+        path themselves, at their Pod IP. The API server's word is not enough: after a
+        node's power cut shorter than the node monitor's grace period, it says Ready of the
+        node's owners until the restarted kubelet reports them, while their Pod IP refuses
+        every connection."""
         ready = ((rm or {}).get("status") or {}).get("ready") or "0/0"
         counted = int(ready.split("/")[0]) if ready.split("/")[0].isdigit() else 0
-        answering = 0
+        answering: set[str] = set()
         for p in m.story.owner_pods():
             port = next((c.container_port for c in p.spec.containers[0].ports or [] if c.name == "control"), None)
             if p.metadata.deletion_timestamp is not None or not p.status.pod_ip or port is None:
                 continue
             try:
-                answering += requests.get(f"http://{p.status.pod_ip}:{port}/readyz", timeout=1.0).status_code == 200
+                if requests.get(f"http://{p.status.pod_ip}:{port}/readyz", timeout=1.0).status_code == 200:
+                    answering.add(_slot(p, m.key))
             except requests.RequestException:
                 pass
-        return min(counted, answering)
+        return min(counted, len(answering)), answering
 
     def _switch_allowance(self, m: SoakModel) -> int:
         """The strength ``m`` keeps through a switch the driver made: all but one replica (a
@@ -522,12 +528,12 @@ class Soak:
 
     def _follow_recovery(self, states: dict[str, dict]) -> None:
         """A fault has recovered (``recovered``) when the system's Pods are Ready and every
-        model it may have touched serves with all its replicas again: the models it took an
-        owner from, whole; for a fault of a component every model shares (no owner taken),
-        every model, each but for one replica while a switch the driver made is under way.
-        With a switch under way at nearly every moment, waiting for every model to be whole
-        measured the driver's switches more than the fault. When every model in its scope
-        is whole, switches or not, is kept too (``whole``): the end of its failure window."""
+        model it may have touched serves with all its replicas again, but for one while a
+        switch the driver made of it is under way, and the owners' slots the fault took
+        (``slots``) answer again. With a switch under way at nearly every moment, waiting
+        for every model to be whole measured the driver's switches more than the fault.
+        When every model in its scope is whole, switches or not, is kept too (``whole``):
+        the end of its failure window."""
         with self._lock:
             waiting = [i for i in self.injected if i.cleared is not None and i.whole is None]
         if not waiting:
@@ -536,19 +542,19 @@ class Soak:
             ready, containers = self._system()
             if not ready:
                 return
-            strength = {m.key: self._strength(m, states.get(m.key)) for m in self.models if m.key in states}
+            serving = {m.key: self._serving(m, states.get(m.key)) for m in self.models if m.key in states}
         except Exception:
             return   # the API server may be briefly away
         for i in waiting:
             scope = [m for m in self.models if not i.affects or m.key in i.affects]
-            if any(m.key not in strength for m in scope) or (i.container and i.container in containers) \
+            if any(m.key not in serving for m in scope) or (i.container and i.container in containers) \
                     or (i.store and not self._under_watermark(i.store)):
                 continue
-            if i.recovered is None and all(
-                    strength[m.key] >= (m.replicas if m.key in i.affects else self._switch_allowance(m))
-                    for m in scope):
+            back = set().union(*(serving[m.key][1] for m in scope))
+            if i.recovered is None and set(i.slots) <= back and all(
+                    serving[m.key][0] >= self._switch_allowance(m) for m in scope):
                 i.recovered = self.now()
-            if all(strength[m.key] >= m.replicas for m in scope):
+            if all(serving[m.key][0] >= m.replicas for m in scope):
                 i.whole = self.now()
                 i.recovered = i.recovered if i.recovered is not None else i.whole
 
@@ -663,6 +669,10 @@ class Soak:
         return left
 
 
+def _slot(pod: client.V1Pod, model: str) -> str:
+    return f"{model}#{(pod.metadata.labels or {}).get(SLOT_LABEL, '?')}"
+
+
 def _on_spec(rm: dict | None, replicas: int) -> bool:
     status = (rm or {}).get("status") or {}
     return bool(rm) and status.get("phase") == "Ready" and status.get("ready") == f"{replicas}/{replicas}" \
@@ -765,7 +775,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                      "by_action": {a: sum(1 for s in switches if s["action"] == a) for a in ACTIONS}},
         "requests": {"sent": sum(r["sent"] for r in raw["requests"].values()),
                      "failed": sum(len(r["failed"]) for r in raw["requests"].values()), **failures},
-        "recovery_rule": "switches allowed" if kept_whole else "every model whole",
+        "recovery_rule": ("lost slots back, switches allowed" if all("slots" in i for i in raw["faults"])
+                          else "switches allowed" if kept_whole else "every model whole"),
         "recovery_seconds": {k: _spread(v) for k, v in sorted(recovery.items())},
         **({"whole_seconds": {k: _spread(v) for k, v in sorted(whole.items())}} if kept_whole else {}),
         "switch_seconds": {k: _spread(v) for k, v in durations.items()},

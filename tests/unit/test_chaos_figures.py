@@ -172,7 +172,7 @@ def test_a_failure_window_lasts_until_the_models_are_whole_and_records_before_wh
     raw = record([injected("owner-stalled", 10, 20, whole=30)])
     assert chaos.attribute(raw, "ns/m", [25, 26, 0, "", "ReadTimeout"]) == "owner-lost"
     assert chaos.attribute(raw, "ns/m", [31, 32, 0, "", "ReadTimeout"]) == "defect"
-    del raw["faults"][0]["whole"]               # a record of the hours before whole was kept
+    del raw["faults"][0]["whole"], raw["faults"][0]["slots"]   # a record of the hours before either was kept
     assert chaos.attribute(raw, "ns/m", [25, 26, 0, "", "ReadTimeout"]) == "defect"
     assert chaos.summarize(raw)["recovery_rule"] == "every model whole"
 
@@ -185,17 +185,18 @@ def test_the_summary_gives_recovery_whole_and_switch_times_under_faults_and_clea
                 Switch("ns/m", "auto", 140, to="c", end=149, result="succeeded"),    # under the second: never whole
                 Switch("ns/m", "scale", 60, replicas=3, end=70, result="succeeded")]  # no switch of revision
     s = chaos.summarize(record(faults, switches))
-    assert s["recovery_rule"] == "switches allowed"
+    assert s["recovery_rule"] == "lost slots back, switches allowed"
     assert s["recovery_seconds"]["operator-killed"] == {"n": 2, "median": 3.5, "p95": 4.0, "max": 4.0}
     assert s["whole_seconds"]["operator-killed"] == {"n": 1, "median": 30.0, "p95": 30.0, "max": 30.0}
     assert s["switch_seconds"]["under_a_fault"]["n"] == 2 and s["switch_seconds"]["under_a_fault"]["max"] == 9.0
     assert s["switch_seconds"]["clear_of_faults"] == {"n": 1, "median": 2.0, "p95": 2.0, "max": 2.0}
 
 
-def test_recovery_allows_a_switch_its_replica_only_for_models_the_fault_took_no_owner_from(monkeypatch):
-    """A fault of a shared component (the operator) has recovered when every model serves
-    with all its replicas but the one its switch takes away; a model the fault took an owner
-    from must be whole. ``whole`` waits for every model in scope, switches or not."""
+def test_a_fault_recovers_when_the_owners_it_took_answer_again_and_every_model_but_its_switch_serves(monkeypatch):
+    """Every model in a fault's scope serves with all its replicas but the one a switch of
+    the driver's takes away, and the owners' slots the fault took answer again (a killed
+    operator: once its new container is named). ``whole`` waits for every model in scope
+    with all its replicas, switches or not."""
     import threading
     import time
     from types import SimpleNamespace as NS
@@ -205,25 +206,29 @@ def test_recovery_allows_a_switch_its_replica_only_for_models_the_fault_took_no_
     a, b = chaos.SoakModel(NS(namespace="ns", name="a"), 2), chaos.SoakModel(NS(namespace="ns", name="b"), 3)
     soak.models = [a, b]
     soak.switches = [Switch("ns/b", "reload", 0.0, to="x", replicas=3)]          # b is switching
-    strength = {"ns/a": 2, "ns/b": 2}
+    serving = {"ns/a": {"ns/a#0", "ns/a#1"}, "ns/b": {"ns/b#0", "ns/b#2"}}        # b#1 reloads, or is gone
     system = {"ready": True, "containers": {"containerd://operator-1"}}
     monkeypatch.setattr(soak, "_system", lambda: (system["ready"], system["containers"]), raising=False)
-    monkeypatch.setattr(soak, "_strength", lambda m, rm: strength[m.key], raising=False)
+    monkeypatch.setattr(soak, "_serving", lambda m, rm: (len(serving[m.key]), serving[m.key]), raising=False)
     shared = injected("operator-killed", 0.0, None, affects=(), whole=None)
-    took_b = injected("owner-deleted", 0.0, None, affects=("ns/b",), whole=None)
     shared.container = "containerd://operator-1"                                 # the killed one
-    soak.injected = [shared, took_b]
+    took_b1 = injected("owner-deleted", 0.0, None, affects=("ns/b",), whole=None)
+    took_b1.slots = ["ns/b#1"]
+    took_b2 = injected("owner-deleted", 0.0, None, affects=("ns/b",), whole=None)
+    took_b2.slots = ["ns/b#2"]
+    soak.injected = [shared, took_b1, took_b2]
     states = {"ns/a": {}, "ns/b": {}}
     soak._follow_recovery(states)         # the API server still names the killed container
     assert shared.recovered is None
+    assert took_b2.recovered is not None  # its slot serves again; b is a replica short for its switch
+    assert took_b1.recovered is None      # the slot it took does not answer yet
     system["containers"] = {"containerd://operator-2"}
     soak._follow_recovery(states)
-    assert shared.recovered is not None and shared.whole is None
-    assert took_b.recovered is None and took_b.whole is None
+    assert shared.recovered is not None and shared.whole is None and took_b1.recovered is None
     soak.switches[0].end = 1.0                                                    # b's switch ended
-    strength["ns/b"] = 3
+    serving["ns/b"] = {"ns/b#0", "ns/b#1", "ns/b#2"}
     soak._follow_recovery(states)
-    assert shared.whole is not None and took_b.recovered is not None and took_b.whole is not None
+    assert shared.whole is not None and took_b1.recovered is not None and took_b1.whole is not None
     staged = Switch("ns/a", "staged", 0.0, to="y", replicas=2)                    # staging is no switch yet
     soak.switches.append(staged)
     assert soak._switch_allowance(a) == 2
