@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     benchkit.write(out, raw, summary, draw)
     fmt = lambda v: "  n/a" if v is None else f"{v:5.2f}x"  # noqa: E731
     for name, value in summary["ratios"].items():
-        print(f"{name:<36} {fmt(value)}  (target >= {TARGETS[name]}x; "
+        target = f"target >= {TARGETS[name]}x" if name in TARGETS else "no target"
+        print(f"{name:<36} {fmt(value)}  ({target}; "
               f"of totalSeconds {fmt(summary['total_ratios'][name])}; "
               f"of commit to first token {fmt(summary['interruption_ratios'][name])})")
     return 0

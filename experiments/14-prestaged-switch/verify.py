@@ -21,8 +21,10 @@ def problems(raw: dict) -> list[str]:
     """One line per sample that is off its arm; empty when every sample is as its arm says."""
     out = []
     for s in raw["samples"]:
-        _, _, strategy, prestaged, commit = ARMS[s["arm"]]
+        _, _, strategy, prestaged, commit, preload = ARMS[s["arm"]]
         wrong = []
+        if preload and s.get("preloaded") is not True:
+            wrong.append(f"preloaded {s.get('preloaded')}: the reload did not swap in a preloaded revision")
         if s["strategy"] != strategy:
             wrong.append(f"strategy {s['strategy']} (want {strategy})")
         if s["commit"] != commit:
