@@ -218,7 +218,8 @@ def test_stage_sets_spec_stage_and_wait_follows_every_node_until_staged(cluster,
     proc = waiting("stage", "llm", "-n", namespace, "--source", STAGED_SRC, "--digest", NEXT, "--wait",
                    kubeconfig=cluster.kubeconfig)
     try:
-        wait_for(lambda: spec_of(custom, namespace).get("stage") == {"source": STAGED_SRC, "digest": NEXT},
+        wait_for(lambda: spec_of(custom, namespace).get("stage") == {"source": STAGED_SRC, "digest": NEXT,
+                                                                   "preload": False},   # the CRD's default
                  timeout=15, what="spec.stage written", every=0.1)
         write_status(custom, namespace, stage_status(["Staged", "Staging"], ("False", "Staging", "1 of 2")))
         time.sleep(0.5)
