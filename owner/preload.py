@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from . import api, transitions
-from .revisions import open_revision
+from .revisions import Revision
 
 if TYPE_CHECKING:
     from .runtime import Owner
@@ -39,15 +39,16 @@ class Preloads:
         self.status: api.PreloadStatus | None = None
         self.runtime = None          # the backend holding the loaded revision, when loaded
 
-    def request(self, digest: str) -> api.PreloadStatus:
-        """Preload ``digest`` (not the live revision); already preloading or loaded: as it is."""
+    def request(self, revision: Revision) -> api.PreloadStatus:
+        """Preload ``revision`` (not the live one); already preloading or loaded: as it is."""
+        digest = revision.digest
         with self.lock:
             if self.status is not None and self.status.digest == digest and self.status.state != "failed":
                 return self.status.model_copy()
             self._drop_locked()
             self.status = api.PreloadStatus(digest=digest, state="loading")
             mine = self.status
-        threading.Thread(target=self._load, args=(mine,), name="preload", daemon=True).start()
+        threading.Thread(target=self._load, args=(mine, revision), name="preload", daemon=True).start()
         return mine.model_copy()
 
     def drop(self) -> api.PreloadStatus | None:
@@ -81,13 +82,13 @@ class Preloads:
             self.runtime.close()
         self.runtime, self.status = None, None   # a load still running finds itself dropped
 
-    def _load(self, mine: api.PreloadStatus) -> None:
+    def _load(self, mine: api.PreloadStatus, revision: Revision) -> None:
         owner = self.owner
         try:
             refusal = transitions.beside_refusal(owner.backend)
             if refusal:
                 raise PreloadRefused(refusal)
-            runtime = transitions.load_beside(owner, open_revision(owner.bundle_dir, mine.digest))
+            runtime = transitions.load_beside(owner, revision)
         except Exception as e:  # noqa: BLE001 - the live revision serves on, whatever failed
             reason = str(e) if isinstance(e, PreloadRefused) else f"{type(e).__name__}: {e}"
             log.warning("preload failed", extra={"bundle": mine.digest, "reason": reason})

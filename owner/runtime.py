@@ -283,21 +283,19 @@ class Owner:
             raise Refused(409, f"owner is {self.state}; preloads are refused {self.reason}".strip())
         if req.target == self.live_digest():
             raise Refused(409, f"{req.target} is the live revision: nothing to preload")
+        return self.preloads.request(self._staged(req.target))
+
+    def _staged(self, digest: str) -> Revision:
+        """Revision ``digest`` in the volume; 404 when it is not staged, 400 when it is unusable."""
         try:
-            open_revision(self.bundle_dir, req.target)
+            return open_revision(self.bundle_dir, digest)
         except RevisionNotFound as e:
             raise Refused(404, str(e)) from None
         except RevisionError as e:
             raise Refused(400, str(e)) from None
-        return self.preloads.request(req.target)
 
     def _target(self, req: api.TransitionRequest) -> Revision:
-        try:
-            target = open_revision(self.bundle_dir, req.target)
-        except RevisionNotFound as e:
-            raise Refused(404, str(e)) from None
-        except RevisionError as e:
-            raise Refused(400, str(e)) from None
+        target = self._staged(req.target)
         cur = self.current()
         if req.path == "GraphOnly" and cur and cur.manifest.weights_digest != target.manifest.weights_digest:
             raise Refused(400, "path GraphOnly, but the target's weights differ from the live ones")

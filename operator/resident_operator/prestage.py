@@ -127,10 +127,10 @@ def ensure_preloads(ctx: ModelContext, spec: ModelSpec, views: list[OwnerView],
             asks.append((v, owner_client(ctx, spec, v).request("DELETE", "/v1/preload", allow=(404,))))
         loading |= staged and have == want and v.preload.get("state") == "loading"
     answers = ctx.owner_calls.call_many([r for _, r in asks]) if asks else []
-    for (v, r), answer in zip(asks, answers):
+    for (v, r), answer in zip(asks, answers):   # an unreachable owner or a refusal: the next pass asks again
         if r.method == "POST" and not isinstance(answer, OwnerUnreachable) and answer[0] < 400:
             ctx.event("PreloadRequested", f"owner {v.pod} on {v.node}: load {want[:19]} beside the live revision")
-            loading = True   # an unreachable owner or a refusal: the next pass asks again
+            loading = True
     if loading:   # no watch reports an owner's preload: look again shortly
         ctx.follow_up.recheck_in(ctx.settings.owner_recheck_seconds)
 
