@@ -61,6 +61,7 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
     owner calls (``owner_client.py``)."""
     t0 = time.perf_counter()
     with lock:
+        epoch = known.get("epoch")   # before the model is read: a spec change after it is seen
         try:
             ctx = model_context(kube, settings, namespace, name)
         except Exception as e:  # noqa: BLE001 - the API server may be restarting
@@ -69,7 +70,7 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
             return FollowUp(due=ERROR_RETRY_SECONDS)
         if ctx is None or ctx.uid != uid:
             return None
-        ctx.token, ctx.endpoint, epoch = known.get("token", ""), known.get("endpoint"), known.get("epoch")
+        ctx.token, ctx.endpoint = known.get("token", ""), known.get("endpoint")
         ctx.sources, ctx.owner_calls = sources, owner_calls
         _reconcile(ctx)
         if known.get("epoch") == epoch:    # nothing it read changed meanwhile

@@ -146,6 +146,20 @@ def test_a_change_of_the_token_secret_or_a_companion_makes_the_next_pass_read_it
     passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), known)
     assert known["token"] == "new"
 
+    # a spec change that lands after the pass read the model but before it took what is
+    # known (its poke forgot the endpoint): the pass checked the companions against the
+    # old spec, so it must not store them as checked (the next pass checks them again)
+    known = {"endpoint": "http://m.ns.svc:8000", "epoch": 3}
+
+    def read_model_then_spec_changes(*a):
+        known.update(epoch=4)
+        known.pop("endpoint")
+        return model
+    monkeypatch.setattr(passes, "model_context", read_model_then_spec_changes)
+    monkeypatch.setattr(passes, "_reconcile", lambda ctx: setattr(ctx, "endpoint", "http://m.ns.svc:8000"))
+    passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), known)
+    assert "endpoint" not in known
+
 
 def test_the_safety_resync_runs_a_pass_that_reuses_what_is_known():
     async def scenario():
