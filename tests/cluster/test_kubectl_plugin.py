@@ -126,11 +126,15 @@ def test_history_shows_last_transition_and_transition_events(cluster, namespace,
 
 
 def test_watch_redraws_on_a_status_change_and_ctrl_c_exits_cleanly(cluster, namespace, model, custom):
+    # PYTHONFAULTHANDLER: if it does not exit, SIGABRT makes it print where each thread is
     proc = subprocess.Popen(entry_point() + ["get", "llm", "-n", namespace, "--watch"],
-                            env=env(cluster.kubeconfig), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            env=dict(env(cluster.kubeconfig), PYTHONFAULTHANDLER="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()
+    errors: list[str] = []   # read as it comes, so a full pipe can never block the plugin
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    stderr = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+    stderr.start()
 
     def wait_for(text: str, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout
@@ -139,7 +143,7 @@ def test_watch_redraws_on_a_status_change_and_ctrl_c_exits_cleanly(cluster, name
                 if text in lines.get(timeout=0.2):
                     return
             except queue.Empty:
-                assert proc.poll() is None, proc.stderr.read()
+                assert proc.poll() is None, "".join(errors)
         pytest.fail(f"the watch never printed {text!r}")
 
     try:
@@ -149,8 +153,16 @@ def test_watch_redraws_on_a_status_change_and_ctrl_c_exits_cleanly(cluster, name
             "phase": "Ready", "ready": "2/2", "transition": None}})
         wait_for("Phase:       Ready")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0   # 10 s was too short once under the whole suite's load
-        assert "Traceback" not in proc.stderr.read()
+        try:
+            code = proc.wait(timeout=30)   # 10 s was too short once under the whole suite's load
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=10)
+            stderr.join(timeout=5)
+            pytest.fail("no exit 30 s after Ctrl-C; where it was:\n" + "".join(errors))
+        stderr.join(timeout=5)
+        assert code == 0, "".join(errors)
+        assert "Traceback" not in "".join(errors)
     finally:
         if proc.poll() is None:
             proc.kill()
