@@ -125,6 +125,7 @@ class Injected:
     slots: list[str] = field(default_factory=list)  # the owners it took, as "<model>#<slot>"
     store: str = ""       # a node store it filled: recovered once GC took it back under its high watermark
     container: str = ""   # a system container it killed: recovered once the API server names another
+                          # (an operator's, with leader election: once the Lease is renewed after it)
     cleared: float | None = None
     recovered: float | None = None   # back at full strength, but for what the soak's own switches take away
     whole: float | None = None       # every model in scope at full strength, switches or not
@@ -516,15 +517,39 @@ class Soak:
         (used,), = db_rows(Path(root) / "store.db", "SELECT COALESCE(SUM(size), 0) FROM blobs") or [[0]]
         return used <= self.store_high
 
-    def _system(self) -> tuple[bool, set[str]]:
-        """Whether every Pod of the installation is Ready, and the IDs of its containers the
-        API server names. Right after a kill it still names the dead container, Ready, until
-        the kubelet notices: a killed one has recovered only once another is named."""
+    def _system(self) -> tuple[bool, set[str], float | None]:
+        """Whether the installation is whole, the IDs of its containers the API server
+        names, and when an operator last renewed the leader Lease (this machine's clock,
+        which the API server shares; None without leader election).
+
+        Whole: every Pod Ready, but for the operator's where a Lease says who leads: then
+        an operator must hold it, renewed within its duration, and a replica that is not
+        Ready (a standby kubelet holds in its crash-loop back-off) costs nothing while
+        another leads. Right after a kill the API server still names the dead container,
+        Ready, until the kubelet notices: a killed one has recovered only once another is
+        named (a killed operator: once the Lease is renewed after it, :meth:`_follow_recovery`)."""
         system = [p for p in self.core.list_namespaced_pod(self.installation.namespace).items
                   if p.metadata.deletion_timestamp is None]
+        led = self._lease_renewed()
+        counted = [p for p in system if led is None or
+                   (p.metadata.labels or {}).get("app.kubernetes.io/component") != "operator"]
         ready = all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-                    for p in system)
-        return ready, {c.container_id for p in system for c in p.status.container_statuses or []}
+                    for p in counted)
+        if led is not None:
+            ready = ready and time.time() - led[0] <= led[1]
+        return ready, {c.container_id for p in system for c in p.status.container_statuses or []}, \
+            (led[0] if led else None)
+
+    def _lease_renewed(self) -> tuple[float, float] | None:
+        """(when, for how many seconds) the operator's leader Lease was last renewed by a
+        holder; None when the installation elects no leader."""
+        leases = client.CoordinationV1Api(self.core.api_client).list_namespaced_lease(
+            self.installation.namespace).items
+        for lease in leases:
+            spec = lease.spec
+            if lease.metadata.name.endswith("-operator") and spec and spec.holder_identity and spec.renew_time:
+                return spec.renew_time.timestamp(), float(spec.lease_duration_seconds or 15)
+        return None
 
     def _follow_recovery(self, states: dict[str, dict]) -> None:
         """A fault has recovered (``recovered``) when the system's Pods are Ready and every
@@ -539,7 +564,7 @@ class Soak:
         if not waiting:
             return
         try:
-            ready, containers = self._system()
+            ready, containers, led = self._system()
             if not ready:
                 return
             serving = {m.key: self._serving(m, states.get(m.key)) for m in self.models if m.key in states}
@@ -547,8 +572,14 @@ class Soak:
             return   # the API server may be briefly away
         for i in waiting:
             scope = [m for m in self.models if not i.affects or m.key in i.affects]
-            if any(m.key not in serving for m in scope) or (i.container and i.container in containers) \
-                    or (i.store and not self._under_watermark(i.store)):
+            if any(m.key not in serving for m in scope) or (i.store and not self._under_watermark(i.store)):
+                continue
+            if i.fault.kind == "operator-killed" and led is not None:
+                # an operator leads again: the Lease renewed since the kill was over (by a
+                # standby that took over, or the killed one back from its back-off)
+                if led <= time.time() - (self.now() - i.cleared):
+                    continue
+            elif i.container and i.container in containers:
                 continue
             back = set().union(*(serving[m.key][1] for m in scope))
             if i.recovered is None and set(i.slots) <= back and all(

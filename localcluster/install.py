@@ -57,9 +57,10 @@ class Installation:
 
 def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
             timeout: float = 240.0, bridge_root: Path | None = None,
-            bridge_values: dict | None = None) -> Installation:
-    """Install the chart with :func:`local_values`; ``bridge_values`` are added to its
-    ``bridge`` section (e.g. ``{"peers": {"enabled": True}}``)."""
+            bridge_values: dict | None = None, operator_values: dict | None = None) -> Installation:
+    """Install the chart with :func:`local_values`; ``bridge_values`` and
+    ``operator_values`` are added to its ``bridge`` and ``operator`` sections (e.g.
+    ``{"peers": {"enabled": True}}``, ``{"replicas": 2}``)."""
     from charts.helmenv import Helm
 
     image, tarball = project_image()
@@ -79,6 +80,7 @@ def install(cluster, namespace: str = NAMESPACE, release: str = RELEASE,
     cluster.make_private(bridge_root)
     values = local_values(image, bridge_root)
     values["bridge"].update(bridge_values or {})
+    values.setdefault("operator", {}).update(operator_values or {})
     helm.install(release, values=values)
     cluster.wait_established(CRDS)
     wait_ready(cluster, namespace, timeout)

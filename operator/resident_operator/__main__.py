@@ -118,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     leadership = None
     if args.leader_elect:
         from .kube import load_config
-        from .leadership import Leadership
+        from .leadership import Leadership, standby_liveness
         leadership = Leadership(load_config(), args.leader_election_namespace, args.leader_election_id)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        if not leadership.acquire(stop):
-            return 0   # stopped while waiting as a standby
+        with standby_liveness(args.liveness, leadership.waiting_alive):
+            if not leadership.acquire(stop):
+                return 0   # stopped while waiting as a standby
         leadership.keep(stop)
         for sig in (signal.SIGTERM, signal.SIGINT):   # kopf installs its own handlers
             signal.signal(sig, signal.SIG_DFL)

@@ -26,6 +26,7 @@ transitions in flight included, where the old one left it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,7 +35,9 @@ import threading
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 import kubernetes
 from kubernetes.client.rest import ApiException
@@ -72,6 +75,11 @@ class Leadership:
         self.lease_duration, self.renew_deadline, self.retry = lease_duration, renew_deadline, retry
         self.clock = clock
         self._observed: tuple[tuple[Any, Any], float] | None = None   # (record, local time seen)
+        self.tried_at = clock()   # the last attempt of :meth:`acquire`'s loop
+
+    def waiting_alive(self) -> bool:
+        """Is :meth:`acquire`'s loop still trying (an attempt within three retries)?"""
+        return self.clock() - self.tried_at <= 3 * self.retry
 
     # -- one attempt -----------------------------------------------------------------
     def try_hold(self) -> bool:
@@ -116,6 +124,7 @@ class Leadership:
         log.info("leader election: waiting for the lease", extra={"lease": self.where,
                                                                   "identity": self.identity})
         while not stop.is_set():
+            self.tried_at = self.clock()
             try:
                 if self.try_hold():
                     log.info("leader election: acquired", extra={"lease": self.where,
@@ -180,3 +189,37 @@ class Leadership:
 def _exit_now() -> None:
     logging.shutdown()
     os._exit(1)
+
+
+@contextlib.contextmanager
+def standby_liveness(url: str | None, alive: Callable[[], bool]) -> Iterator[None]:
+    """Answer kubelet's liveness probe at ``url`` (kopf's liveness endpoint, which only
+    exists once this process leads) while it waits as a standby: 200 while ``alive()``,
+    else 503. Without it a standby fails the probe and kubelet kills it every minute or
+    so, ever later (its crash-loop back-off), and there is no standby to take over. The
+    port is free again when the block ends, for kopf to bind."""
+    if not url:
+        yield
+        return
+    where = urlsplit(url)
+    path = where.path or "/"
+
+    class Probe(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:   # noqa: N802 - http.server's name
+            ok = self.path.split("?", 1)[0] == path and alive()
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:   # kubelet asks every period: no line each time
+            pass
+
+    server = ThreadingHTTPServer((where.hostname or "0.0.0.0", where.port or 80), Probe)
+    thread = threading.Thread(target=server.serve_forever, name="standby-liveness", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

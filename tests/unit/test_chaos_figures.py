@@ -207,8 +207,9 @@ def test_a_fault_recovers_when_the_owners_it_took_answer_again_and_every_model_b
     soak.models = [a, b]
     soak.switches = [Switch("ns/b", "reload", 0.0, to="x", replicas=3)]          # b is switching
     serving = {"ns/a": {"ns/a#0", "ns/a#1"}, "ns/b": {"ns/b#0", "ns/b#2"}}        # b#1 reloads, or is gone
-    system = {"ready": True, "containers": {"containerd://operator-1"}}
-    monkeypatch.setattr(soak, "_system", lambda: (system["ready"], system["containers"]), raising=False)
+    system = {"ready": True, "containers": {"containerd://operator-1"}, "led": None}   # no leader election
+    monkeypatch.setattr(soak, "_system", lambda: (system["ready"], system["containers"], system["led"]),
+                        raising=False)
     monkeypatch.setattr(soak, "_serving", lambda m, rm: (len(serving[m.key]), serving[m.key]), raising=False)
     shared = injected("operator-killed", 0.0, None, affects=(), whole=None)
     shared.container = "containerd://operator-1"                                 # the killed one
@@ -234,6 +235,54 @@ def test_a_fault_recovers_when_the_owners_it_took_answer_again_and_every_model_b
     assert soak._switch_allowance(a) == 2
     staged.staged_at = 0.5
     assert soak._switch_allowance(a) == 1
+
+
+def test_a_killed_operator_recovers_when_an_operator_renews_the_leader_lease_after_it(monkeypatch):
+    """With leader election, a killed operator has recovered once the Lease is renewed after
+    the kill was over (a standby took over, or the killed one is back), not when its own Pod
+    is back: kubelet may hold that container for minutes in its crash-loop back-off."""
+    import threading
+    import time
+    from types import SimpleNamespace as NS
+
+    soak = chaos.Soak.__new__(chaos.Soak)
+    soak.t0, soak._lock = time.monotonic() - 100, threading.Lock()
+    soak.models, soak.switches = [chaos.SoakModel(NS(namespace="ns", name="a"), 1)], []
+    monkeypatch.setattr(soak, "_serving", lambda m, rm: (1, {"ns/a#0"}), raising=False)
+    killed = injected("operator-killed", 90.0, None, affects=(), whole=None)
+    killed.cleared, killed.container = 90.0, "containerd://operator-1"     # cleared 10 s ago
+    soak.injected = [killed]
+    renewed = {"at": time.time() - 12}                                     # before the kill
+    monkeypatch.setattr(soak, "_system", lambda: (True, {"containerd://operator-1"}, renewed["at"]),
+                        raising=False)
+    soak._follow_recovery({"ns/a": {}})
+    assert killed.recovered is None
+    renewed["at"] = time.time()                                            # a standby leads now
+    soak._follow_recovery({"ns/a": {}})                                    # though the API server still names the dead one
+    assert killed.recovered is not None
+
+
+def test_the_installation_is_whole_without_a_standby_in_back_off_while_an_operator_leads(monkeypatch):
+    """Operator Pods that are not Ready do not count while an operator holds a fresh Lease;
+    a stale Lease (nobody leads) makes the installation not whole."""
+    import time
+    from types import SimpleNamespace as NS
+
+    def pod(component, ready):
+        return NS(metadata=NS(deletion_timestamp=None, labels={"app.kubernetes.io/component": component}),
+                  status=NS(conditions=[NS(type="Ready", status="True" if ready else "False")],
+                            container_statuses=[NS(container_id=f"containerd://{component}")]))
+    soak = chaos.Soak.__new__(chaos.Soak)
+    soak.installation = NS(namespace="resident")
+    pods = [pod("operator", True), pod("operator", False), pod("bridge", True)]
+    soak.core = NS(list_namespaced_pod=lambda ns: NS(items=pods))
+    lease = {"value": (time.time() - 1, 15.0)}
+    monkeypatch.setattr(soak, "_lease_renewed", lambda: lease["value"], raising=False)
+    assert soak._system()[0] is True
+    lease["value"] = (time.time() - 20, 15.0)                               # nobody renewed it
+    assert soak._system()[0] is False
+    lease["value"] = None                                                  # no leader election: every Pod counts
+    assert soak._system()[0] is False
 
 
 def test_a_filled_store_holds_a_tenth_beyond_its_high_watermark_until_gc_takes_it_back(tmp_path):
