@@ -129,6 +129,7 @@ class Injected:
     cleared: float | None = None
     recovered: float | None = None   # back at full strength, but for what the soak's own switches take away
     whole: float | None = None       # every model in scope at full strength, switches or not
+    phases: dict[str, Any] = field(default_factory=dict)   # a powered-off node's return, step by step
     error: str = ""
 
 
@@ -166,6 +167,7 @@ class Soak:
         self.injected: list[Injected] = []
         self.endpoints: list[dict[str, Any]] = []   # the Service's endpoints when requests failed
         self.t0 = 0.0
+        self.t0_wall = 0.0   # time.time() at t0: API timestamps in soak seconds
         api = cluster.api_client()
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         self._lock = threading.Lock()
@@ -181,7 +183,7 @@ class Soak:
             m.load = ClosedLoop(m.story.service_address(), m.story.name, clients=self.clients, max_tokens=4,
                                 pause=CLIENT_PAUSE_SECONDS)
             m.load.__enter__()
-        self.t0 = time.monotonic()
+        self.t0, self.t0_wall = time.monotonic(), time.time()
         self.log(f"soak: seed {self.seed}, {self.duration:.0f} s, {len(self.plan)} faults planned, "
                  f"{len(self.models)} models")
         chaos = threading.Thread(target=self._faults, name="soak-faults", daemon=True)
@@ -416,6 +418,7 @@ class Soak:
                 if f.kind == "node-power-cut":
                     self.cluster.power_off(name)
                     time.sleep(f.hold)
+                    record.phases["powered_on"] = self.now()
                     self.cluster.power_on(name)
                 else:
                     self.cluster.cut(name)
@@ -585,9 +588,50 @@ class Soak:
             if i.recovered is None and set(i.slots) <= back and all(
                     serving[m.key][0] >= self._switch_allowance(m) for m in scope):
                 i.recovered = self.now()
+                if i.fault.kind == "node-power-cut":
+                    i.phases.update(self._return_phases(i))
             if all(serving[m.key][0] >= m.replicas for m in scope):
                 i.whole = self.now()
                 i.recovered = i.recovered if i.recovered is not None else i.whole
+
+    def _return_phases(self, i: Injected) -> dict[str, Any]:
+        """Where a powered-off node's return spent its time, from what the API server keeps
+        (one-second timestamps, in soak seconds): when the node's bridge was Ready again, and
+        for each owner the fault took, when its sandbox was up (``PodReadyToStartContainers``),
+        its container started, kubelet's probe found it Ready, and how many times kubelet
+        could not mount its volume (``FailedMount`` Events since the fault)."""
+        def at(ts) -> float | None:
+            return round(ts.timestamp() - self.t0_wall, 1) if ts else None
+
+        def since(p: client.V1Pod, kind: str) -> float | None:
+            c = next((c for c in p.status.conditions or [] if c.type == kind and c.status == "True"), None)
+            return at(c.last_transition_time) if c else None
+
+        node = i.target.removeprefix("node ")
+        out: dict[str, Any] = {"node_ready": i.cleared, "owners": {}}
+        try:
+            bridge = [p for p in self.core.list_namespaced_pod(
+                self.installation.namespace, label_selector="app.kubernetes.io/component=bridge",
+                field_selector=f"spec.nodeName={node}").items]
+            out["bridge_ready"] = since(bridge[0], "Ready") if bridge else None
+            for m in self.models:
+                for p in m.story.owner_pods():
+                    slot = _slot(p, m.key)
+                    if slot not in i.slots or p.spec.node_name != node:
+                        continue
+                    running = next((c.state.running for c in p.status.container_statuses or []
+                                    if c.state and c.state.running), None)
+                    events = self.core.list_namespaced_event(
+                        p.metadata.namespace, field_selector=f"involvedObject.name={p.metadata.name}").items
+                    out["owners"][slot] = {
+                        "sandbox": since(p, "PodReadyToStartContainers"),
+                        "started": at(running.started_at) if running else None,
+                        "ready": since(p, "Ready"),
+                        "failed_mounts": sum(e.count or 1 for e in events if e.reason == "FailedMount"
+                                             and (at(e.last_timestamp or e.event_time) or 0) >= i.start)}
+        except Exception as e:   # a breakdown that could not be read costs the soak nothing
+            out["error"] = f"{type(e).__name__}: {e}"[:200]
+        return out
 
     def _note_failures(self) -> None:
         """When a model's clients got new failed answers since the last tick while no fault
@@ -771,6 +815,30 @@ def _spread(values: list[float]) -> dict[str, float | int | None]:
             "max": round(ordered[-1], 3)}
 
 
+RETURN_STEPS = ("node_ready", "bridge_ready", "sandbox", "started", "ready", "recovered")
+
+
+def return_steps(raw: dict[str, Any]) -> dict[str, dict[str, float | int | None]]:
+    """A powered-off node's return, step by step: seconds from its power-on to its node
+    Ready, its bridge Ready, and, for the last of the owners the fault took, its sandbox up,
+    its container started, kubelet's probe finding it Ready and the soak finding it
+    answering (``recovered``). Faults recorded before :meth:`Soak._return_phases` have none."""
+    steps: dict[str, list[float]] = {k: [] for k in RETURN_STEPS}
+    for i in raw["faults"]:
+        phases = i.get("phases") or {}
+        if "powered_on" not in phases or i["recovered"] is None:
+            continue
+        at = {"node_ready": phases.get("node_ready"), "bridge_ready": phases.get("bridge_ready"),
+              "recovered": i["recovered"]}
+        for step in ("sandbox", "started", "ready"):
+            times = [o.get(step) for o in (phases.get("owners") or {}).values()]
+            at[step] = max(times) if times and None not in times else None
+        for step, t in at.items():
+            if t is not None:
+                steps[step].append(t - phases["powered_on"])
+    return {k: _spread(v) for k, v in steps.items() if v}
+
+
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     switches = raw["switches"]
     results = {r: sum(1 for s in switches if s["result"] == r)
@@ -810,6 +878,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                           else "switches allowed" if kept_whole else "every model whole"),
         "recovery_seconds": {k: _spread(v) for k, v in sorted(recovery.items())},
         **({"whole_seconds": {k: _spread(v) for k, v in sorted(whole.items())}} if kept_whole else {}),
+        **({"power_on_to_seconds": steps} if (steps := return_steps(raw)) else {}),
         "switch_seconds": {k: _spread(v) for k, v in durations.items()},
         "settled": raw["settled"]["ok"], "leaks": len(raw["leaks"]) + len(raw["left_after_delete"]),
     }

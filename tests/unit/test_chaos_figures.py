@@ -192,6 +192,23 @@ def test_the_summary_gives_recovery_whole_and_switch_times_under_faults_and_clea
     assert s["switch_seconds"]["clear_of_faults"] == {"n": 1, "median": 2.0, "p95": 2.0, "max": 2.0}
 
 
+def test_a_powered_off_nodes_return_is_broken_down_from_power_on_by_its_slowest_owner():
+    cut = injected("node-power-cut", 100, 130)
+    cut.phases = {"powered_on": 106, "node_ready": 108, "bridge_ready": 111, "owners": {
+        "ns/m#0": {"sandbox": 112, "started": 113, "ready": 120, "failed_mounts": 0},
+        "ns/m#1": {"sandbox": 115, "started": 118, "ready": 125, "failed_mounts": 2}}}
+    half = injected("node-power-cut", 200, 220)   # an owner whose start the API server did not give
+    half.phases = {"powered_on": 204, "node_ready": 206, "bridge_ready": 208,
+                   "owners": {"ns/m#0": {"sandbox": 209, "started": None, "ready": 215}}}
+    older = injected("node-power-cut", 300, 330)   # recorded before the breakdown was kept
+    steps = chaos.summarize(record([cut, half, older]))["power_on_to_seconds"]
+    assert steps["node_ready"]["n"] == 2 and steps["node_ready"]["median"] == 2.0
+    assert steps["sandbox"]["max"] == 9.0              # the slower owner's, not the first's
+    assert steps["started"] == {"n": 1, "median": 12.0, "p95": 12.0, "max": 12.0}
+    assert steps["ready"]["max"] == 19.0 and steps["recovered"]["max"] == 24.0
+    assert "power_on_to_seconds" not in chaos.summarize(record([older]))
+
+
 def test_a_fault_recovers_when_the_owners_it_took_answer_again_and_every_model_but_its_switch_serves(monkeypatch):
     """Every model in a fault's scope serves with all its replicas but the one a switch of
     the driver's takes away, and the owners' slots the fault took answer again (a killed
