@@ -599,7 +599,7 @@ class Soak:
         (one-second timestamps, in soak seconds): when the node's bridge was Ready again, and
         for each owner the fault took, when its sandbox was up (``PodReadyToStartContainers``),
         its container started, kubelet's probe found it Ready, and how many times kubelet
-        could not mount its volume (``FailedMount`` Events since the fault)."""
+        could not mount its volume, and why (``FailedMount`` Events since the fault)."""
         def at(ts) -> float | None:
             return round(ts.timestamp() - self.t0_wall, 1) if ts else None
 
@@ -623,12 +623,14 @@ class Soak:
                                     if c.state and c.state.running), None)
                     events = self.core.list_namespaced_event(
                         p.metadata.namespace, field_selector=f"involvedObject.name={p.metadata.name}").items
+                    failed = [e for e in events if e.reason == "FailedMount"
+                              and (at(e.last_timestamp or e.event_time) or 0) >= i.start]
                     out["owners"][slot] = {
                         "sandbox": since(p, "PodReadyToStartContainers"),
                         "started": at(running.started_at) if running else None,
                         "ready": since(p, "Ready"),
-                        "failed_mounts": sum(e.count or 1 for e in events if e.reason == "FailedMount"
-                                             and (at(e.last_timestamp or e.event_time) or 0) >= i.start)}
+                        "failed_mounts": sum(e.count or 1 for e in failed),
+                        "mount_errors": sorted({(e.message or "")[:300] for e in failed})}
         except Exception as e:   # a breakdown that could not be read costs the soak nothing
             out["error"] = f"{type(e).__name__}: {e}"[:200]
         return out
