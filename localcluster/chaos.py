@@ -610,9 +610,9 @@ class Soak:
         node = i.target.removeprefix("node ")
         out: dict[str, Any] = {"node_ready": i.cleared, "owners": {}}
         try:
-            bridge = [p for p in self.core.list_namespaced_pod(
+            bridge = self.core.list_namespaced_pod(
                 self.installation.namespace, label_selector="app.kubernetes.io/component=bridge",
-                field_selector=f"spec.nodeName={node}").items]
+                field_selector=f"spec.nodeName={node}").items
             out["bridge_ready"] = since(bridge[0], "Ready") if bridge else None
             for m in self.models:
                 for p in m.story.owner_pods():

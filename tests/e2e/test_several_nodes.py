@@ -66,7 +66,7 @@ def trio(tmp_path_factory):
         for d in dirs.values():
             server.push(d)
         # two operator replicas, as a platform team runs it: one leads, one waits (and must
-        # stay alive while it waits: the soak at the end counts the operators' restarts)
+        # stay alive while it waits: the soak at the end finds no operator killed for its probe)
         installation = install(cluster, bridge_values={"peers": {"enabled": True}},
                                operator_values={"replicas": OPERATOR_REPLICAS})
         cluster.kubectl("create", "namespace", NAMESPACE)
