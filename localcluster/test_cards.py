@@ -259,8 +259,18 @@ class TestCardPlugin:
         pb_grpc.add_DevicePluginServicer_to_server(DevicePluginServicer(self.cards, self.stopping), server)
         server.add_insecure_port(f"unix:{binding}")
         server.start()
-        os.rename(binding, path)
-        self._server, self._served = server, _identity(path)
+        self._server = server
+        try:
+            os.rename(binding, path)
+        except FileNotFoundError:
+            # a kubelet starting empties the directory: it took the socket before it was in
+            # place; the next look (step) finds the plugin's socket missing and serves again
+            log.warning("the plugin socket was removed before it was in place (kubelet starting?)",
+                        extra={"socket": path})
+            self._stop_server()
+            self._served = None
+            return
+        self._served = _identity(path)
         log.info("serving test cards", extra={"socket": path, "resource": self.cards.resource,
                                               "devices": self.cards.ids})
 

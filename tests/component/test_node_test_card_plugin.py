@@ -370,3 +370,24 @@ def test_a_removed_plugin_socket_alone_is_served_and_registered_again(kubelet, p
     plugin.cards.socket_path.unlink()
     request, _ = kubelet.next_registration()      # same kubelet.sock: the new server needs a new registration
     assert request.endpoint == plugin.cards.endpoint and plugin.cards.socket_path.is_socket()
+
+
+def test_a_socket_removed_between_bind_and_rename_is_served_again(kubelet, monkeypatch):
+    """kubelet empties the directory as it starts; if that lands between the plugin's bind
+    and its rename into place, the plugin does not die: it serves again at its next look."""
+    rename, lost = os.rename, []
+
+    def kubelet_empties_the_directory_first(src, dst):
+        if not lost:
+            lost.append(src)
+            os.unlink(src)
+        return rename(src, dst)
+
+    monkeypatch.setattr(tc.os, "rename", kubelet_empties_the_directory_first)
+    p = PluginThread(kubelet.directory).start()
+    try:
+        request, _ = kubelet.next_registration()
+        assert lost and request.endpoint == p.cards.endpoint and p.error is None
+        assert p.cards.socket_path.is_socket() and not Path(lost[0]).exists()
+    finally:
+        p.stop()
