@@ -130,6 +130,7 @@ class Injected:
     recovered: float | None = None   # back at full strength, but for what the soak's own switches take away
     whole: float | None = None       # every model in scope at full strength, switches or not
     phases: dict[str, Any] = field(default_factory=dict)   # a powered-off node's return, step by step
+    held: dict[str, list[float]] = field(default_factory=dict)  # what kept it from recovering: [first, last] seen
     error: str = ""
 
 
@@ -520,8 +521,8 @@ class Soak:
         (used,), = db_rows(Path(root) / "store.db", "SELECT COALESCE(SUM(size), 0) FROM blobs") or [[0]]
         return used <= self.store_high
 
-    def _system(self) -> tuple[bool, set[str], float | None]:
-        """Whether the installation is whole, the IDs of its containers the API server
+    def _system(self) -> tuple[list[str], set[str], float | None]:
+        """What keeps the installation from being whole (nothing: it is), the IDs of its containers the API server
         names, and when an operator last renewed the leader Lease (this machine's clock,
         which the API server shares; None without leader election).
 
@@ -536,11 +537,11 @@ class Soak:
         led = self._lease_renewed()
         counted = [p for p in system if led is None or
                    (p.metadata.labels or {}).get("app.kubernetes.io/component") != "operator"]
-        ready = all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-                    for p in counted)
-        if led is not None:
-            ready = ready and time.time() - led[0] <= led[1]
-        return ready, {c.container_id for p in system for c in p.status.container_statuses or []}, \
+        unready = [f"pod {p.metadata.name} not Ready" for p in counted
+                   if not any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        if led is not None and time.time() - led[0] > led[1]:
+            unready.append("the operator Lease not renewed within its duration")
+        return unready, {c.container_id for p in system for c in p.status.container_statuses or []}, \
             (led[0] if led else None)
 
     def _lease_renewed(self) -> tuple[float, float] | None:
@@ -567,32 +568,51 @@ class Soak:
         if not waiting:
             return
         try:
-            ready, containers, led = self._system()
-            if not ready:
+            unready, containers, led = self._system()
+            if unready:
+                for i in waiting:
+                    self._held(i, *unready)
                 return
             serving = {m.key: self._serving(m, states.get(m.key)) for m in self.models if m.key in states}
         except Exception:
             return   # the API server may be briefly away
         for i in waiting:
             scope = [m for m in self.models if not i.affects or m.key in i.affects]
-            if any(m.key not in serving for m in scope) or (i.store and not self._under_watermark(i.store)):
+            if any(m.key not in serving for m in scope):
+                self._held(i, "a model in scope unread")
+                continue
+            if i.store and not self._under_watermark(i.store):
+                self._held(i, "the store above its high watermark")
                 continue
             if i.fault.kind == "operator-killed" and led is not None:
                 # an operator leads again: the Lease renewed since the kill was over (by a
                 # standby that took over, or the killed one back from its back-off)
                 if led <= time.time() - (self.now() - i.cleared):
+                    self._held(i, "the operator Lease not renewed since the kill")
                     continue
             elif i.container and i.container in containers:
+                self._held(i, "the killed container still named")
                 continue
             back = set().union(*(serving[m.key][1] for m in scope))
-            if i.recovered is None and set(i.slots) <= back and all(
-                    serving[m.key][0] >= self._switch_allowance(m) for m in scope):
+            short = [f"{m.key} serves {serving[m.key][0]} of {m.replicas}" for m in scope
+                     if serving[m.key][0] < self._switch_allowance(m)]
+            if i.recovered is None and (set(i.slots) - back or short):
+                self._held(i, *short, *(f"slot {s} not answering" for s in sorted(set(i.slots) - back)))
+            elif i.recovered is None:
                 i.recovered = self.now()
                 if i.fault.kind == "node-power-cut":
                     i.phases.update(self._return_phases(i))
             if all(serving[m.key][0] >= m.replicas for m in scope):
                 i.whole = self.now()
                 i.recovered = i.recovered if i.recovered is not None else i.whole
+
+    def _held(self, i: Injected, *reasons: str) -> None:
+        """Note what keeps ``i`` from having recovered (once recovered, nothing more)."""
+        if i.recovered is not None:
+            return
+        now = round(self.now(), 1)
+        for reason in reasons:
+            i.held.setdefault(reason, [now, now])[1] = now
 
     def _return_phases(self, i: Injected) -> dict[str, Any]:
         """Where a powered-off node's return spent its time, from what the API server keeps

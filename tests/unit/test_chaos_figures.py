@@ -224,8 +224,8 @@ def test_a_fault_recovers_when_the_owners_it_took_answer_again_and_every_model_b
     soak.models = [a, b]
     soak.switches = [Switch("ns/b", "reload", 0.0, to="x", replicas=3)]          # b is switching
     serving = {"ns/a": {"ns/a#0", "ns/a#1"}, "ns/b": {"ns/b#0", "ns/b#2"}}        # b#1 reloads, or is gone
-    system = {"ready": True, "containers": {"containerd://operator-1"}, "led": None}   # no leader election
-    monkeypatch.setattr(soak, "_system", lambda: (system["ready"], system["containers"], system["led"]),
+    system = {"unready": [], "containers": {"containerd://operator-1"}, "led": None}   # no leader election
+    monkeypatch.setattr(soak, "_system", lambda: (system["unready"], system["containers"], system["led"]),
                         raising=False)
     monkeypatch.setattr(soak, "_serving", lambda m, rm: (len(serving[m.key]), serving[m.key]), raising=False)
     shared = injected("operator-killed", 0.0, None, affects=(), whole=None)
@@ -240,7 +240,12 @@ def test_a_fault_recovers_when_the_owners_it_took_answer_again_and_every_model_b
     assert shared.recovered is None
     assert took_b2.recovered is not None  # its slot serves again; b is a replica short for its switch
     assert took_b1.recovered is None      # the slot it took does not answer yet
-    system["containers"] = {"containerd://operator-2"}
+    assert set(shared.held) == {"the killed container still named"}
+    assert set(took_b1.held) == {"slot ns/b#1 not answering"} and took_b2.held == {}
+    system["unready"] = ["pod bridge-x not Ready"]
+    soak._follow_recovery(states)
+    assert "pod bridge-x not Ready" in took_b1.held and "pod bridge-x not Ready" not in took_b2.held
+    system["unready"], system["containers"] = [], {"containerd://operator-2"}
     soak._follow_recovery(states)
     assert shared.recovered is not None and shared.whole is None and took_b1.recovered is None
     soak.switches[0].end = 1.0                                                    # b's switch ended
@@ -270,10 +275,10 @@ def test_a_killed_operator_recovers_when_an_operator_renews_the_leader_lease_aft
     killed.cleared, killed.container = 90.0, "containerd://operator-1"     # cleared 10 s ago
     soak.injected = [killed]
     renewed = {"at": time.time() - 12}                                     # before the kill
-    monkeypatch.setattr(soak, "_system", lambda: (True, {"containerd://operator-1"}, renewed["at"]),
+    monkeypatch.setattr(soak, "_system", lambda: ([], {"containerd://operator-1"}, renewed["at"]),
                         raising=False)
     soak._follow_recovery({"ns/a": {}})
-    assert killed.recovered is None
+    assert killed.recovered is None and "the operator Lease not renewed since the kill" in killed.held
     renewed["at"] = time.time()                                            # a standby leads now
     soak._follow_recovery({"ns/a": {}})                                    # though the API server still names the dead one
     assert killed.recovered is not None
@@ -285,21 +290,21 @@ def test_the_installation_is_whole_without_a_standby_in_back_off_while_an_operat
     import time
     from types import SimpleNamespace as NS
 
-    def pod(component, ready):
-        return NS(metadata=NS(deletion_timestamp=None, labels={"app.kubernetes.io/component": component}),
+    def pod(name, component, ready):
+        return NS(metadata=NS(name=name, deletion_timestamp=None, labels={"app.kubernetes.io/component": component}),
                   status=NS(conditions=[NS(type="Ready", status="True" if ready else "False")],
                             container_statuses=[NS(container_id=f"containerd://{component}")]))
     soak = chaos.Soak.__new__(chaos.Soak)
     soak.installation = NS(namespace="resident")
-    pods = [pod("operator", True), pod("operator", False), pod("bridge", True)]
+    pods = [pod("op-0", "operator", True), pod("op-1", "operator", False), pod("bridge-0", "bridge", True)]
     soak.core = NS(list_namespaced_pod=lambda ns: NS(items=pods))
     lease = {"value": (time.time() - 1, 15.0)}
     monkeypatch.setattr(soak, "_lease_renewed", lambda: lease["value"], raising=False)
-    assert soak._system()[0] is True
+    assert soak._system()[0] == []
     lease["value"] = (time.time() - 20, 15.0)                               # nobody renewed it
-    assert soak._system()[0] is False
+    assert soak._system()[0] == ["the operator Lease not renewed within its duration"]
     lease["value"] = None                                                  # no leader election: every Pod counts
-    assert soak._system()[0] is False
+    assert soak._system()[0] == ["pod op-1 not Ready"]
 
 
 def test_a_filled_store_holds_a_tenth_beyond_its_high_watermark_until_gc_takes_it_back(tmp_path):
