@@ -12,6 +12,11 @@ standbys. The rules are client-go's:
   for ``lease_duration`` seconds *as measured on the standby's own clock*, so clock skew
   between nodes does not matter. Writes carry the resourceVersion read, so of two
   standbys racing for it one wins and the other sees a conflict.
+- Every call to the API server has a timeout of half the time between the renew deadline
+  and the Lease's duration, so an attempt (a read and a write) that started before the
+  deadline ends before the Lease expires: a holder whose renewal hangs (an API server
+  killed mid-call, a connection that never answers) still stops in time, and a standby
+  whose attempt hangs tries again.
 - A holder that stops cleanly (SIGTERM) releases the Lease, and a standby takes over at
   its next try instead of waiting for expiry.
 - A holder of the same Pod takes the Lease over at once: in a Pod (the chart passes its
@@ -27,6 +32,7 @@ transitions in flight included, where the old one left it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -40,9 +46,14 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 import kubernetes
+import urllib3
 from kubernetes.client.rest import ApiException
 
 log = logging.getLogger("resident.operator")
+
+# what a call to the API server raises when it did not get an answer: refused, reset,
+# timed out (urllib3's errors are not OSErrors), or an answer that was an error
+UNANSWERED = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
 def default_identity() -> str:
@@ -69,11 +80,14 @@ class Leadership:
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not retry < renew_deadline < lease_duration:
             raise ValueError("leader election needs retry < renew deadline < lease duration")
-        self.api = kubernetes.client.CoordinationV1Api(api)
+        config = copy.copy(api.configuration)
+        config.retries = False         # one try per call, bounded by request_timeout (urllib3 would try 4)
+        self.api = kubernetes.client.CoordinationV1Api(kubernetes.client.ApiClient(config))
         self.namespace, self.name = namespace, name
         self.identity = identity or default_identity()
         self.lease_duration, self.renew_deadline, self.retry = lease_duration, renew_deadline, retry
         self.clock = clock
+        self.request_timeout = (lease_duration - renew_deadline) / 2
         self._observed: tuple[tuple[Any, Any], float] | None = None   # (record, local time seen)
         self.tried_at = clock()   # the last attempt of :meth:`acquire`'s loop
 
@@ -130,7 +144,7 @@ class Leadership:
                     log.info("leader election: acquired", extra={"lease": self.where,
                                                                  "identity": self.identity})
                     return True
-            except (ApiException, OSError) as e:
+            except UNANSWERED as e:
                 log.warning("leader election: cannot reach the lease", extra={"error": str(e)})
             stop.wait(self.retry)
         return False
@@ -145,7 +159,7 @@ class Leadership:
                     if self.try_hold():
                         held_at = self.clock()
                         continue
-                except (ApiException, OSError) as e:
+                except UNANSWERED as e:
                     log.warning("leader election: renewal failed", extra={"error": str(e)})
                 if self.clock() - held_at >= self.renew_deadline:
                     log.error("leader election: lost the lease; stopping at once",
@@ -162,8 +176,8 @@ class Leadership:
         return f"{self.namespace}/{self.name}"
 
     def _read(self) -> dict[str, Any]:
-        return json.loads(self.api.read_namespaced_lease(self.name, self.namespace,
-                                                         _preload_content=False).data)
+        return json.loads(self.api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
+                                                         _request_timeout=self.request_timeout).data)
 
     def _fresh_lease(self) -> dict[str, Any]:
         stamp = _micro_time(datetime.now(timezone.utc))
@@ -176,9 +190,11 @@ class Leadership:
         """Create or replace (with the resourceVersion read); False if another won the race."""
         try:
             if verb == "create":
-                self.api.create_namespaced_lease(self.namespace, lease, _preload_content=False)
+                self.api.create_namespaced_lease(self.namespace, lease, _preload_content=False,
+                                                 _request_timeout=self.request_timeout)
             else:
-                self.api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False)
+                self.api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
+                                                  _request_timeout=self.request_timeout)
             return True
         except ApiException as e:
             if e.status == 409:
