@@ -74,8 +74,9 @@ def parser() -> argparse.ArgumentParser:
                    default=env("RESIDENT_BRIDGE_DELIVERIES", "") in ("1", "true"),
                    help="watch BundleDeliveries for this node and stage them into live volumes")
     p.add_argument("--registration-dir", type=Path, default=env("RESIDENT_BRIDGE_REGISTRATION_DIR"),
-                   help="serve kubelet plugin registration at <dir>/bundles.resident.dev-reg.sock "
-                        "(e.g. /var/lib/kubelet/plugins_registry)")
+                   help="serve kubelet plugin registration in DIR (e.g. /var/lib/kubelet/plugins_registry) "
+                        "at bundles.resident.dev-<run>-reg.sock, a new name each run; earlier runs' "
+                        "sockets are removed first, and this run's when it stops")
     p.add_argument("--kubelet-endpoint", default=env("RESIDENT_BRIDGE_KUBELET_ENDPOINT"),
                    help="CSI socket path as kubelet sees it, for registration (default --endpoint)")
     p.add_argument("--publish-wait", type=float, default=100.0,

@@ -53,7 +53,7 @@ class BridgeConfig:
     metrics_port: int | None = None     # None: no /metrics server; 0: any free port
     metrics_address: str = "127.0.0.1"  # /metrics and /healthz bind it
     healthz_port: int | None = None     # None: no /healthz; the same port as metrics shares it
-    registration_dir: Path | None = None  # serve <dir>/<driver>-reg.sock when set
+    registration_dir: Path | None = None  # serve <dir>/<driver>-<run>-reg.sock when set
     kubelet_endpoint: str | None = None   # the CSI path kubelet should dial (GetInfo)
     publish_wait_seconds: float = 100.0
     deliveries: bool = False            # watch BundleDeliveries (needs api_client)
@@ -135,6 +135,7 @@ class Bridge:
         self.identity = IdentityServicer(VERSION, self.health)
         self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds, c.pods_dir)
         self.registration: RegistrationServicer | None = None
+        self.registration_socket: Path | None = None
         self.reconciled: Report | None = None
         self._servers: list[grpc.Server] = []
         self.liveness: LivenessCheck | None = None
@@ -183,9 +184,10 @@ class Bridge:
         os.chmod(self.socket, SOCKET_MODE)
         self._servers.append(server)
         if c.registration_dir is not None:
-            from .registration import socket_name
+            from .registration import remove_earlier_sockets, socket_name
             self.registration = RegistrationServicer(DRIVER_NAME, c.kubelet_endpoint or str(self.socket))
-            reg_socket = Path(c.registration_dir) / socket_name(DRIVER_NAME)
+            remove_earlier_sockets(Path(c.registration_dir), DRIVER_NAME)   # before ours appears
+            reg_socket = self.registration_socket = Path(c.registration_dir) / socket_name(DRIVER_NAME)
             reg = self._grpc_server(reg_socket)
             pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
             reg.start()
@@ -236,6 +238,9 @@ class Bridge:
         self.listeners = {}
         if self.liveness is not None:
             self.liveness.close()
+        if self.registration_socket is not None:   # kubelet unregisters the driver
+            self.registration_socket.unlink(missing_ok=True)
+            self.registration_socket = None
         for server in reversed(self._servers):
             server.stop(grace).wait()
         self._servers.clear()

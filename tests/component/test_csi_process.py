@@ -18,6 +18,7 @@ import pytest
 from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2, pluginregistration_pb2 as reg_pb, pluginregistration_pb2_grpc as reg_grpc
 from csi_bridge.server import Bridge, BridgeConfig, remove_stale_socket
+from polling import wait_for
 from testkit.bridge import REPO_ROOT, BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
 
 
@@ -70,6 +71,14 @@ def test_metrics_logs_and_registration(short_tmp):
     digest = make_bundle(tmp_path / "src", {"graph.onnx": b"g" * 1000, "w.safetensors": b"w" * 5000})
     port = free_port()
     reg_dir = tmp_path / "plugins_registry"
+    # sockets a power cut left behind: an earlier run's, the one name of older releases,
+    # and another plugin's, which is not the bridge's to remove
+    reg_dir.mkdir()
+    earlier = [reg_dir / "bundles.resident.dev-0ld0run0-reg.sock", reg_dir / "bundles.resident.dev-reg.sock"]
+    other = reg_dir / "other.example.com-reg.sock"
+    for path in (*earlier, other):
+        with socket.socket(socket.AF_UNIX) as dead:
+            dead.bind(str(path))
     bridge = BridgeProcess(tmp_path / "b", extra_args=(
         "--registration-dir", str(reg_dir), "--kubelet-endpoint", "/var/lib/kubelet/plugins/x/csi.sock"))
     bridge.args[bridge.args.index("--metrics-port") + 1] = str(port)
@@ -77,8 +86,14 @@ def test_metrics_logs_and_registration(short_tmp):
     target = tmp_path / "kubelet" / "pod" / "mount"
     target.parent.mkdir(parents=True)
     try:
+        # this run's socket has a name of its own (kubelet registers a new name at once; a
+        # dead run's name it would keep dialling), and the earlier runs' are gone
+        wait_for(lambda: list(reg_dir.glob("bundles.resident.dev-*-reg.sock")), timeout=10,
+                 what="the registration socket", every=0.05)
+        ours = list(reg_dir.glob("bundles.resident.dev-*reg.sock"))
+        assert len(ours) == 1 and ours[0] not in earlier and other.exists(), sorted(reg_dir.iterdir())
         # kubelet's side of plugin registration, over the real socket.
-        with grpc.insecure_channel(f"unix://{reg_dir}/bundles.resident.dev-reg.sock") as ch:
+        with grpc.insecure_channel(f"unix://{ours[0]}") as ch:
             stub = reg_grpc.RegistrationStub(ch)
             info = stub.GetInfo(reg_pb.InfoRequest(), timeout=5)
             assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
@@ -107,6 +122,8 @@ def test_metrics_logs_and_registration(short_tmp):
     finally:
         bridge.stop()
         cleanup_mounts(tmp_path)
+    # a bridge that stops takes its socket away (kubelet unregisters the driver)
+    assert sorted(reg_dir.iterdir()) == [other]
     lines = [json.loads(l) for l in bridge.log.read_text().splitlines() if l.startswith("{")]
     calls = [l for l in lines if l.get("msg") == "csi call" and l["method"] == "NodePublishVolume"]
     assert {(l["code"], l["volume"]) for l in calls} == {("OK", "csi-1"), ("INVALID_ARGUMENT", None)}
