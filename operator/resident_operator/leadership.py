@@ -151,7 +151,8 @@ class Leadership:
 
     def keep(self, stop: threading.Event, lost: Callable[[], None] | None = None) -> threading.Thread:
         """Renew in a thread until ``stop``; call ``lost`` (default: exit 1 now) if renewal
-        failed for ``renew_deadline`` seconds."""
+        failed for ``renew_deadline`` seconds, or at once if it broke in a way it cannot
+        try again (the thread never ends while this process acts as the leader)."""
         def renew() -> None:
             held_at = self.clock()
             while not stop.wait(self.retry):
@@ -161,6 +162,11 @@ class Leadership:
                         continue
                 except UNANSWERED as e:
                     log.warning("leader election: renewal failed", extra={"error": str(e)})
+                except Exception:   # the loop must not end while kopf acts: stop with it
+                    log.exception("leader election: renewal broke; stopping at once",
+                                  extra={"lease": self.where, "identity": self.identity})
+                    (lost or _exit_now)()
+                    return
                 if self.clock() - held_at >= self.renew_deadline:
                     log.error("leader election: lost the lease; stopping at once",
                               extra={"lease": self.where, "identity": self.identity})

@@ -89,3 +89,36 @@ def test_a_standby_keeps_trying_while_the_api_server_does_not_answer(port, reque
         stop.set()
         thread.join(5)
     assert outcome == [False]
+
+
+def test_a_holder_whose_renewal_breaks_otherwise_stops_at_once():
+    """An answer the loop cannot read (not JSON) ends the holder at once, not its renew
+    thread alone: a leader must never act on without anyone renewing its Lease."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Garbled(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:   # noqa: N802 - http.server's name
+            body = b"<html>not a Lease</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Garbled)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    leadership = Leadership(client(server.server_address[1]), "resident", "resident-operator",
+                            identity="op-c_3", **DURATIONS)
+    lost, stop = threading.Event(), threading.Event()
+    began = time.monotonic()
+    thread = leadership.keep(stop, lost=lost.set)
+    try:
+        assert lost.wait(DURATIONS["lease_duration"]), "the renew thread ended and the holder went on"
+        assert time.monotonic() - began < DURATIONS["renew_deadline"]   # at once, not at the deadline
+    finally:
+        stop.set()
+        thread.join(5)
+        server.shutdown()
+        server.server_close()
