@@ -121,33 +121,39 @@ class Peering:
             time.sleep(SEED_POLL_SECONDS)
         return []
 
-    def holders(self, digest: str, others: list[tuple[str, str]] | None = None) -> list[PeerSource]:
+    def holders(self, digest: str, others: list[tuple[str, str]] | None = None,
+                say_why: bool = False) -> list[PeerSource]:
         """The other bridges (``others``, listed now when not given) that hold revision
-        ``digest`` now."""
+        ``digest`` now; with ``say_why``, when none does, why each asked is not a holder is logged."""
         from bundle.sources.ranged import RetryPolicy
         quick = RetryPolicy(attempts=1, connect_timeout_seconds=ASK_SECONDS, read_timeout_seconds=ASK_SECONDS)
         asked = [(PeerSource(node, address, self.token, policy=quick), PeerSource(node, address, self.token))
                  for node, address in (self.others() if others is None else others)]
 
-        def holds(pair) -> bool:
+        def why_not(pair) -> str | None:
+            """None when the peer holds the revision, else why it is not a holder this time."""
             try:
                 verify_manifest(pair[0].manifest_bytes(digest), digest, f"peer {pair[0].node}")
-                return True
-            except Exception:   # not held, refused, away: not a holder this time
-                return False
+                return None
+            except Exception as e:   # not held, refused, away: not a holder this time
+                return f"{type(e).__name__}: {e}"[:200]
             finally:
                 pair[0].close()
         if not asked:
             return []
         with ThreadPoolExecutor(max_workers=min(16, len(asked)), thread_name_prefix="peer-ask") as pool:
-            answers = list(pool.map(holds, asked))
-        return [pair[1] for pair, held in zip(asked, answers) if held]
+            answers = list(pool.map(why_not, asked))
+        found = [pair[1] for pair, reason in zip(asked, answers) if reason is None]
+        if say_why and not found:   # a delivery that goes to the origin says why its peers did not count
+            log.info("no peer holds the revision", extra={
+                "digest": digest, "peers": {pair[0].node: reason for pair, reason in zip(asked, answers)}})
+        return found
 
     def around(self, origin: Source, digest: str, rollout: bool = False) -> Source:
         """``origin`` with the peers that hold ``digest`` in front of it, or ``origin`` alone.
         With ``rollout`` (a staging), a node that is not the rollout's seed waits for it."""
         try:
-            holders = self.holders(digest)
+            holders = self.holders(digest, say_why=True)
             seed = self.rollout_seed(digest) if rollout and not holders else None
             if seed is not None:
                 log.info("waiting for the rollout's seed to fetch the revision", extra={"digest": digest,
