@@ -55,6 +55,9 @@ Installation settings come from the environment:
   RESIDENT_SWEEP_SECONDS             cluster-wide sweep of labelled orphans (default 60)
   RESIDENT_SWEEP_BUDGET_SECONDS      the longest one sweep runs (default 20)
   RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)
+  RESIDENT_OWNER_START_LIMIT_SECONDS the owner's startup probe asks every second, this
+                                     long at most, before kubelet restarts it (default
+                                     3600)
   RESIDENT_DELETE_GRACE_SECONDS      a deleted model stops waiting for a child this long
                                      after the child's deletion (default 300)
   RESIDENT_OWNER_NETWORK_POLICY      true: a NetworkPolicy per model admits its owners'

@@ -118,6 +118,12 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
         "env": env,
         "ports": [{"name": naming.PORT_CONTROL, "containerPort": ports[0], "protocol": "TCP"},
                   {"name": naming.PORT_HTTP, "containerPort": ports[1], "protocol": "TCP"}],
+        # Until the startup probe passes kubelet runs no readiness probe; when it passes,
+        # kubelet runs one at once, as no readiness result exists yet.
+        "startupProbe": {
+            "httpGet": {"path": "/readyz", "port": naming.PORT_CONTROL},
+            "periodSeconds": 1, "failureThreshold": settings.owner_start_limit_seconds,
+        },
         "readinessProbe": {
             "httpGet": {"path": "/readyz", "port": naming.PORT_CONTROL},
             "periodSeconds": settings.readiness_period_seconds, "failureThreshold": 1,

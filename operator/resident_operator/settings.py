@@ -50,6 +50,10 @@ class OperatorSettings(BaseModel):
         "the longest one sweep runs (on its own thread) before it stops and leaves the rest "
         "to the next; it never waits longer than that for a model's pass to finish"))
     readiness_period_seconds: int = Field(default=5, ge=1)
+    owner_start_limit_seconds: int = Field(default=3600, ge=1, description=(
+        "an owner Pod's startupProbe asks /readyz every second until it answers, at most "
+        "this long, then kubelet restarts the container: a started owner turns Ready within "
+        "a second of having loaded, not up to a readiness period later"))
     delete_grace_seconds: float = Field(default=300.0, gt=0, description=(
         "how long a deleted model waits for the bridge to release a BundleDelivery (or for "
         "kubelet to finish an owner Pod) before it stops waiting and says what may remain"))

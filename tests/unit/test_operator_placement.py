@@ -54,6 +54,8 @@ def test_pod_carries_the_csi_volume_token_probe_and_labels():
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["bundle"] == {"name": "bundle", "mountPath": "/bundle", "readOnly": True}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "control"}
+    assert c["startupProbe"] == {"httpGet": {"path": "/readyz", "port": "control"},
+                                 "periodSeconds": 1, "failureThreshold": 3600}
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"control": 9000, "http": 8000}
     assert c["image"] == "resident:dev"
     assert c["command"][:2] == ["resident", "owner"] and "--warmup" in c["command"]
