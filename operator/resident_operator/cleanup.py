@@ -109,7 +109,7 @@ def release_deliveries_of_gone_owners(ctx: ModelContext, state: ModelState,
     if not ch.of_kind(state.children, "BundleDelivery"):
         return []
     live = {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
-    ours = [bd for bd in ctx.kube.list(ctx.namespace, "BundleDelivery", ctx.selector)
+    ours = [bd for bd in ctx.children("BundleDelivery", state.children)
             if ch.is_recorded(state.children, bd)]
     released = []
     for bd in deliveries_of_gone_owners(ours, live):
@@ -148,7 +148,7 @@ def sweep_orphans(ctx: ModelContext, state: ModelState) -> list[str]:
     old (younger ones may be another operator's create, not yet recorded); return their
     ``kind/name``."""
     swept = []
-    for kind in SWEPT_KINDS:
+    for kind in SWEPT_KINDS:   # the API server's LIST: a delete must not act on a stale cache
         for obj in ch.orphans(ctx.kube.list(ctx.namespace, kind, ctx.selector), state.children):
             meta = obj["metadata"]
             if _seconds_old(obj, ctx.clock()) < ORPHAN_MIN_AGE_SECONDS:

@@ -78,3 +78,9 @@ class ModelContext:
     @property
     def selector(self) -> str:
         return f"{LABEL_MODEL}={fit(self.name)}"
+
+    def children(self, kind: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The model's owner Pods or BundleDeliveries (``kind``), from the watch cache when
+        it can say (``child_cache.py``); ``records`` are the children its status records."""
+        recorded = [r["uid"] for r in records if r.get("kind") == kind]
+        return self.kube.children(self.namespace, kind, fit(self.name), recorded)

@@ -9,7 +9,9 @@
   :class:`~.driver.ModelHandle` (kept in its memo), which child handlers use to wake it.
 - ``model_changed`` and the ``*_changed`` handlers of its children (owner Pods, the token
   Secret, BundleDeliveries, the companions: Service, budget, control policy) wake the
-  model a change concerns; ``drive`` (a daemon, one per model) runs its passes.
+  model a change concerns; ``drive`` (a daemon, one per model) runs its passes. Owner Pods
+  and BundleDeliveries also go into the cache the passes read them from
+  (``child_cache.py``), before the wake.
 - ``on_delete`` deletes recorded children by UID and keeps the finalizer until all are
   gone; it takes the model's pass lock, so it never runs beside a pass.
 
@@ -34,6 +36,7 @@ import kopf
 
 from . import metrics, naming
 from .cleanup import abandon_stuck_children, delete_recorded_children
+from .child_cache import ChildCache
 from .children import recorded_uids
 from .driver import ModelHandle, drive
 from .kube import Kube, load_config
@@ -58,7 +61,7 @@ class Runtime:
 
     def __init__(self, settings: OperatorSettings) -> None:
         self.settings = settings
-        self.kube = Kube(load_config())
+        self.kube = Kube(load_config(), ChildCache())   # passes read Pods and deliveries from it
         self.pool = ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="pass")
         # the sweep's own thread: passes cannot starve it, nor it them (its time budget)
         self.sweep_pool = ThreadPoolExecutor(1, thread_name_prefix="sweep")
@@ -198,7 +201,9 @@ def _wake_model_of(labels: Any, model_handles: kopf.Index, cause: str) -> None:
 
 
 @kopf.on.event("pods", labels=OWNED)
-async def pod_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
+async def pod_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
+                      **_: Any) -> None:
+    memo.runtime.kube.cache.observe("Pod", event["type"], event["object"])   # before the wake
     _wake_model_of(labels, model_handles, "pod")
 
 
@@ -223,7 +228,9 @@ async def control_policy_changed(labels: Any, model_handles: kopf.Index, **_: An
 
 
 @kopf.on.event(*DELIVERIES, labels=OWNED)
-async def delivery_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
+async def delivery_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
+                           **_: Any) -> None:
+    memo.runtime.kube.cache.observe("BundleDelivery", event["type"], event["object"])
     _wake_model_of(labels, model_handles, "delivery")
 
 

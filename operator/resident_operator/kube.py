@@ -6,6 +6,10 @@ Pods and for the ResidentModel's status. Creation tolerates 409 by returning the
 object (the caller decides whether it may adopt it); deletion tolerates 404 and always
 carries a UID precondition, and reports a 409 (the name now belongs to another object) as
 "not ours" instead of deleting it.
+
+With a :class:`~.child_cache.ChildCache` (the operator has one), every write's answer goes
+into it, and :meth:`Kube.children` reads a model's owner Pods and BundleDeliveries from it
+when it can say, else from the API server.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, Iterable
 
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from . import naming
+from . import metrics, naming
+from .child_cache import ChildCache
 
 log = logging.getLogger("resident.operator.kube")
 CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}
@@ -42,9 +48,10 @@ def load_config() -> kubernetes.client.ApiClient:
 class Kube:
     """Create, read, list, patch, delete (by UID) and status-patch, returning dicts."""
 
-    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+    def __init__(self, api: kubernetes.client.ApiClient, cache: ChildCache | None = None) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.cache = cache
 
     @staticmethod
     def api_version(kind: str) -> str:
@@ -75,14 +82,21 @@ class Kube:
         """Create ``obj``; on 409 return the existing object. Returns (object, created)."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
-            return self._json(self._call("create", kind, namespace, obj, _preload_content=False)), True
+            created = self._json(self._call("create", kind, namespace, obj, _preload_content=False))
+            self._wrote(kind, created)
+            return created, True
         except ApiException as e:
             if e.status != 409:
                 raise
         existing = self.get(namespace, kind, name)
         if existing is None:  # deleted between our create and get: let the caller retry
             raise ConflictGone(f"{kind} {namespace}/{name} conflicted and then disappeared")
+        self._wrote(kind, existing)
         return existing, False
+
+    def _wrote(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.cache is not None:
+            self.cache.wrote(kind, obj)
 
     def get(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         try:
@@ -95,12 +109,30 @@ class Kube:
         return obj
 
     def list(self, namespace: str, kind: str, selector: str) -> list[dict[str, Any]]:
-        items = self._json(self._call("list", kind, namespace, label_selector=selector,
-                                      _preload_content=False)).get("items") or []
+        return self.list_at(namespace, kind, selector)[0]
+
+    def list_at(self, namespace: str, kind: str, selector: str) -> tuple[list[dict[str, Any]], str | None]:
+        """The objects and the resourceVersion the LIST was made at."""
+        listed = self._json(self._call("list", kind, namespace, label_selector=selector,
+                                       _preload_content=False))
+        items = listed.get("items") or []
         for item in items:
             item.setdefault("kind", kind)
             item.setdefault("apiVersion", self.api_version(kind))
-        return items
+        return items, (listed.get("metadata") or {}).get("resourceVersion")
+
+    def children(self, namespace: str, kind: str, model: str, recorded: Iterable[str]
+                 ) -> list[dict[str, Any]]:
+        """The ``kind`` objects labelled for ``model`` (the model label's value), given the
+        UIDs of those the model's status records: from the cache when it can say, else a
+        LIST (the cache is not ready there, or a recorded one is missing from it)."""
+        cached = self.cache.children(namespace, kind, model, recorded) if self.cache is not None else None
+        metrics.CHILD_READS.labels(kind=kind, source="api" if cached is None else "cache").inc()
+        if cached is not None:
+            for item in cached:
+                item.setdefault("apiVersion", self.api_version(kind))
+            return cached
+        return self.list(namespace, kind, f"{naming.LABEL_MODEL}={model}")
 
     def pod_events(self, namespace: str, pod_uid: str, reason: str) -> list[dict[str, Any]]:
         """The Events about one Pod (by UID) with ``reason``, e.g. kubelet's FailedMount."""
@@ -110,14 +142,18 @@ class Kube:
 
     def patch(self, namespace: str, kind: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """JSON merge patch (RFC 7386) of ``name``: a list in ``patch`` replaces the whole list."""
-        return self._json(self._call("patch", kind, namespace, name, patch, _preload_content=False,
-                                     _content_type="application/merge-patch+json"))
+        patched = self._json(self._call("patch", kind, namespace, name, patch, _preload_content=False,
+                                        _content_type="application/merge-patch+json"))
+        self._wrote(kind, patched)
+        return patched
 
     def delete(self, namespace: str, kind: str, name: str, uid: str) -> str:
         """Delete ``name`` only if its UID is ``uid``: returns deleted, gone or not-ours."""
         body = kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid))
         try:
             self._call("delete", kind, namespace, name, body=body, _preload_content=False)
+            if self.cache is not None:
+                self.cache.deleting(kind, uid, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
             return "deleted"
         except ApiException as e:
             if e.status == 404:

@@ -19,6 +19,9 @@
   (``model``, ``pod``, ``secret``, ``delivery``, ``service``, ``budget``,
   ``control-policy``, ``owner``, ``resync``, ``sweep``).
 - ``resident_operator_pass_duration_seconds``: wall time of one pass.
+- ``resident_operator_child_reads_total{kind,source}``: a pass's reads of a model's owner
+  Pods or BundleDeliveries, from the watch ``cache`` or the ``api`` server
+  (``child_cache.py`` says when it must be the API server).
 - ``resident_operator_status_conflicts_total``: conditional status writes that met a newer
   model (409) and were rebased onto it (``model_state.py``).
 """
@@ -50,6 +53,10 @@ SOURCE_PROBES = Counter("resident_operator_source_probes_total",
 PASS_SECONDS = Histogram("resident_operator_pass_duration_seconds", "Wall time of one pass.",
                          registry=REGISTRY,
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+CHILD_READS = Counter("resident_operator_child_reads_total",
+                      "A pass's reads of a model's owner Pods or BundleDeliveries, by kind and "
+                      "source: the watch cache, or a LIST from the API server (child_cache.py).",
+                      ["kind", "source"], registry=REGISTRY)
 STATUS_CONFLICTS = Counter("resident_operator_status_conflicts_total",
                            "Conditional status writes that met a newer model (409) and were "
                            "rebased onto it.", registry=REGISTRY)

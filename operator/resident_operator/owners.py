@@ -76,7 +76,7 @@ def ensure_token(ctx: ModelContext, state: ModelState) -> str:
 
 def our_pods(ctx: ModelContext, state: ModelState) -> list[dict[str, Any]]:
     """Recorded owner Pods that still exist; records of vanished Pods are forgotten."""
-    listed = ctx.kube.list(ctx.namespace, "Pod", ctx.selector)
+    listed = ctx.children("Pod", state.children)
     uids = {(p.get("metadata") or {}).get("uid") for p in listed}
     for rec in ch.of_kind(state.children, "Pod"):
         if rec["uid"] not in uids:

@@ -118,8 +118,7 @@ def _with_stages(ctx: ModelContext, state: ModelState, spec: ModelSpec, views: l
     status = ctx.body.get("status") or {}
     if not (spec.stage or state.previous or status.get("stage")):
         return derived
-    # the cache of deliveries is the API server's: no watch keeps their list (issue 27, point 1)
-    deliveries = ctx.kube.list(ctx.namespace, "BundleDelivery", ctx.selector)
+    deliveries = ctx.children("BundleDelivery", state.children)
     ensure_stages(ctx, state, spec, views, deliveries)
     ensure_preloads(ctx, spec, views, deliveries)
     if state.previous and not spec.transition.keep_previous:

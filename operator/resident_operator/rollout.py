@@ -107,7 +107,7 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         state.set_pending(pending)
     by_slot = {v.slot: v for v in views if not v.terminating}
     deliveries = {bd["metadata"]["name"]: bd
-                  for bd in ctx.kube.list(ctx.namespace, "BundleDelivery", ctx.selector)}
+                  for bd in ctx.children("BundleDelivery", state.children)}
     startable = set(owners_to_start(t, spec.transition.max_unavailable))
     for i, p in enumerate(list(t.owners)):
         if p.step == Step.waiting and p.slot not in startable:

@@ -9,7 +9,10 @@ of objects that went away are forgotten; then the model is woken (cause ``sweep`
 its token and companions again and put back what is missing, as the watch event that
 should have woken it was missed. An object whose controller, by owner reference,
 is a model that no longer exists is deleted by UID as well. A settled cluster costs one
-LIST request per swept kind, namespace and sweep, whatever the number of models.
+LIST request per swept kind, namespace and sweep, whatever the number of models. The
+LISTs of owner Pods and BundleDeliveries also refresh the operator's cache of them
+(``child_cache.py``): the first makes it answer for that namespace, and each drops what a
+missed watch event left in it.
 
 The sweep has a budget of its own: it runs on its own thread (handlers.py), so passes
 cannot starve it nor it them, and one sweep runs at most ``RESIDENT_SWEEP_BUDGET_SECONDS``:
@@ -26,6 +29,7 @@ from collections import defaultdict
 from typing import Any, Callable, Iterable
 
 from . import naming
+from .child_cache import KINDS as CACHED_KINDS
 from .cleanup import SWEPT_KINDS, prune_records, sweep_orphans
 from .driver import ModelHandle
 from .kube import Kube
@@ -56,7 +60,10 @@ def sweep_once(kube: Kube, settings: OperatorSettings, handles: Iterable[ModelHa
             break
         listed: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for kind in SWEPT_KINDS:
-            for obj in kube.list(namespace, kind, naming.LABEL_MODEL_UID):
+            objs, version = kube.list_at(namespace, kind, naming.LABEL_MODEL_UID)
+            if kube.cache is not None and kind in CACHED_KINDS:
+                kube.cache.refresh(namespace, kind, objs, version)   # before any model is woken
+            for obj in objs:
                 listed[obj["metadata"]["labels"][naming.LABEL_MODEL_UID]].append(obj)
         known = {h.uid for h in models}
         for model_uid, objs in listed.items():

@@ -19,6 +19,7 @@ from kubernetes.client.rest import ApiException
 from bundle.cpu_model import make_demo
 from conftest_operator import OPERATOR_ENV, Api, condition, running_operator
 from polling import wait_for
+from resident_operator.child_cache import ChildCache
 from resident_operator.driver import ModelHandle
 from resident_operator.kube import Kube
 from resident_operator.settings import settings_from_env
@@ -420,6 +421,40 @@ def test_the_sweep_wakes_a_model_whose_recorded_child_went_unseen(cluster, names
     sweep_once(kube, settings_from_env({}), handles, woken.append)
     assert [h.name for h in woken] == ["lost"]
     assert not api.model("lost")["status"].get("children")     # the stale record is forgotten
+
+
+def test_the_sweep_repairs_the_pod_cache_after_a_missed_delete(cluster, namespace, tiny):
+    """Passes read owner Pods from the watch cache (child_cache.py). A Pod deleted while
+    its watch event was lost stays in the cache until the next sweep: its LIST drops the
+    Pod, the model is woken, and the Pod is known gone (no LIST needed for its record).
+    Run directly, under the operator's account."""
+    api = Api(cluster, namespace)
+    model = api.create_model("ghosted", tiny)
+    uid = model["metadata"]["uid"]
+    pod = api.core.create_namespaced_pod(namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="ghosted-owner-0", labels={
+            "resident.dev/model": "ghosted", "resident.dev/model-uid": uid}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="owner", image="none")])))
+    record = {"apiVersion": "v1", "kind": "Pod", "name": "ghosted-owner-0", "uid": pod.metadata.uid}
+    api.custom.patch_namespaced_custom_object_status(
+        "resident.dev", "v1alpha1", namespace, "residentmodels", "ghosted", {"status": {"children": [record]}})
+    handle = ModelHandle(namespace, "ghosted", uid)
+    handle.recorded = {pod.metadata.uid}
+    kube = Kube(kubernetes.config.new_client_from_config(config_file=OPERATOR_ENV["KUBECONFIG"]), ChildCache())
+    assert kube.cache.children(namespace, "Pod", "ghosted", [pod.metadata.uid]) is None   # not listed yet
+    woken = []
+    sweep_once(kube, settings_from_env({}), [handle], woken.append)
+    assert woken == []                                        # children as recorded
+    [cached] = kube.cache.children(namespace, "Pod", "ghosted", [pod.metadata.uid])
+    assert cached["metadata"]["uid"] == pod.metadata.uid
+    api.core.delete_namespaced_pod("ghosted-owner-0", namespace, grace_period_seconds=0)
+    wait_for(lambda: not api.pods("resident.dev/model=ghosted"), what="the Pod to go")
+    # no watch told the cache: it still holds the Pod, until the sweep lists again
+    assert len(kube.cache.children(namespace, "Pod", "ghosted", [pod.metadata.uid])) == 1
+    sweep_once(kube, settings_from_env({}), [handle], woken.append)
+    assert woken == [handle]
+    assert kube.cache.children(namespace, "Pod", "ghosted", [pod.metadata.uid]) == []   # known gone
+    assert not api.model("ghosted")["status"].get("children")   # and its record forgotten
 
 
 def test_the_sweep_keeps_to_its_budget_past_a_model_whose_pass_holds_it(cluster, namespace, tiny):

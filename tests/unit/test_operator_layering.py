@@ -40,7 +40,7 @@ def test_pure_modules_have_no_side_effect_imports():
 LAYERS = {
     "pure": {"spec", "settings", "naming", "conditions", "children", "delivery", "placement", "pod_template",
              "pod_verdicts", "planning", "transition", "transition_summary", "observe", "source_probes"},
-    "effects": {"kube", "owner_client", "context", "model_state", "metrics", "structured_logs"},
+    "effects": {"kube", "child_cache", "owner_client", "context", "model_state", "metrics", "structured_logs"},
     "steps": {"owners", "owner_step", "rollout", "template_roll", "prestage", "companions", "serving",
               "control_policy", "disruption", "source_check", "cleanup", "reconcile"},
     "runtime": {"passes", "driver", "sweep", "leadership", "handlers", "__main__", "__init__"},

@@ -1,0 +1,175 @@
+"""The models' owner Pods and BundleDeliveries as the watches report them, for the passes.
+
+kopf watches every Pod and BundleDelivery labelled with a model's UID, to wake its model.
+Their handlers also hand each event's object to a :class:`ChildCache`, and a pass reads its
+model's children from it instead of LISTing them from the API server (issue 27, point 1).
+The cache answers ``None``, and the pass LISTs as before, when it cannot know:
+
+- **not ready**: the sweep has not listed that kind in that namespace yet (for a sweep
+  period after the operator starts, or while the sweep's budget has not reached the
+  namespace). The first LIST tells the cache what the watch may have missed before it
+  began;
+- **a recorded child is missing**: a child the model's status records is neither cached nor
+  seen deleted. Its event may still be on the way (created a moment ago by another
+  operator at a handover), or it was missed; only the API server knows.
+
+This operator's own writes go into the cache when the API server answers them (a create or
+patch: the object written; a delete: the object marked as terminating, until the watch
+reports it), so a pass right after a write does not act on the state before it.
+
+**Versions.** An object replaces the cached one unless its ``resourceVersion`` is older,
+compared as integers (every API server backed by etcd gives integers; a version that is
+not one always replaces). An object seen deleted is remembered (a bounded set of UIDs), so
+a late event or a LIST made before the delete does not bring it back.
+
+**The sweep refreshes it.** Each minute the sweep LISTs every swept kind per namespace
+(``sweep.py``); :meth:`ChildCache.refresh` takes that LIST: cached objects it lacks that
+are not newer than the LIST are dropped (a missed DELETED event), newer ones it has replace
+older cached ones (a missed MODIFIED event).
+
+Thread-safe: events arrive on the event loop; passes and the sweep use it from threads.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from typing import Any, Iterable
+
+from .naming import LABEL_MODEL
+
+KINDS = ("Pod", "BundleDelivery")
+GONE_REMEMBERED = 20000   # UIDs of objects seen deleted
+
+
+def _version(obj: dict[str, Any]) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _replaces(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Whether ``new`` replaces the cached ``old``: not older, and at the same version it
+    does not undo this operator's mark of a delete (:meth:`ChildCache.deleting`)."""
+    a, b = _version(new), _version(old)
+    if a is None or b is None:
+        return True
+    if a == b:
+        return not old["metadata"].get("deletionTimestamp") or bool(new["metadata"].get("deletionTimestamp"))
+    return a > b
+
+
+class ChildCache:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # (namespace, kind) -> model label -> uid -> object
+        self._objects: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
+        self._where: dict[str, tuple[str, str, str]] = {}   # uid -> (namespace, kind, model)
+        self._ready: set[tuple[str, str]] = set()
+        self._gone: OrderedDict[str, None] = OrderedDict()
+
+    # -- what the watches and this operator's writes say ----------------------------------
+    def observe(self, kind: str, event_type: str | None, obj: dict[str, Any]) -> None:
+        """A watch event (``event_type`` ADDED, MODIFIED, DELETED, or None while kopf lists)."""
+        with self._lock:
+            if event_type == "DELETED":
+                self._forget(obj, gone=True)
+            else:
+                self._put(kind, obj)
+
+    def wrote(self, kind: str, obj: dict[str, Any]) -> None:
+        """The object as the API server answered this operator's create or patch."""
+        if kind in KINDS:
+            with self._lock:
+                self._put(kind, obj)
+
+    def deleting(self, kind: str, uid: str, when: str) -> None:
+        """This operator deleted ``uid`` at ``when`` (RFC 3339): terminating until the watch
+        says more (its next event has a newer version and replaces the mark)."""
+        with self._lock:
+            where = self._where.get(uid)
+            if kind not in KINDS or where is None:
+                return
+            namespace, kind, model = where
+            obj = self._objects[(namespace, kind)][model][uid]
+            if not obj["metadata"].get("deletionTimestamp"):
+                marked = dict(obj, metadata=dict(obj["metadata"], deletionTimestamp=when))
+                self._objects[(namespace, kind)][model][uid] = marked
+
+    def refresh(self, namespace: str, kind: str, listed: list[dict[str, Any]], version: str | None) -> None:
+        """The sweep's LIST of ``kind`` in ``namespace`` (every object labelled with a model
+        UID), made at ``version``: from now on the cache answers for them."""
+        try:
+            at = int(version) if version is not None else None
+        except ValueError:
+            at = None
+        with self._lock:
+            seen = set()
+            for obj in listed:
+                seen.add(obj["metadata"]["uid"])
+                self._put(kind, obj)
+            for model_objects in list(self._objects.get((namespace, kind), {}).values()):
+                for uid, obj in list(model_objects.items()):
+                    v = _version(obj)
+                    if uid in seen:
+                        continue
+                    if at is not None and v is not None:
+                        if v <= at:   # it was there before the LIST, which lacks it: deleted
+                            self._forget(obj, gone=True)
+                    else:             # no order known: a pass asks the API server
+                        self._forget(obj, gone=False)
+            self._ready.add((namespace, kind))
+
+    # -- what a pass reads -------------------------------------------------------------------
+    def children(self, namespace: str, kind: str, model: str, recorded: Iterable[str]
+                 ) -> list[dict[str, Any]] | None:
+        """Copies of the ``kind`` objects labelled ``model`` (the model label's value) in
+        ``namespace``, or None when the cache cannot know them (see the module docstring)."""
+        with self._lock:
+            if (namespace, kind) not in self._ready:
+                return None
+            objs = self._objects.get((namespace, kind), {}).get(model, {})
+            if any(uid not in objs and uid not in self._gone for uid in recorded):
+                return None
+            # in the API server's order (by name), which some choices of a pass follow
+            return [copy.deepcopy(o) for o in sorted(objs.values(), key=lambda o: o["metadata"].get("name", ""))]
+
+    # -- under the lock ----------------------------------------------------------------------
+    def _put(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid, namespace = meta.get("uid"), meta.get("namespace")
+        if not uid or not namespace or uid in self._gone:
+            return
+        model = (meta.get("labels") or {}).get(LABEL_MODEL, "")
+        old_where = self._where.get(uid)
+        if old_where is not None:
+            old = self._objects[old_where[:2]][old_where[2]][uid]
+            if not _replaces(obj, old):
+                return
+            self._remove(uid, old_where)
+        obj = copy.deepcopy(dict(obj))
+        obj.setdefault("kind", kind)
+        self._objects.setdefault((namespace, kind), {}).setdefault(model, {})[uid] = obj
+        self._where[uid] = (namespace, kind, model)
+
+    def _forget(self, obj: dict[str, Any], gone: bool) -> None:
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        where = self._where.get(uid)
+        if where is not None:
+            self._remove(uid, where)
+        if gone:
+            self._gone[uid] = None
+            while len(self._gone) > GONE_REMEMBERED:
+                self._gone.popitem(last=False)
+
+    def _remove(self, uid: str, where: tuple[str, str, str]) -> None:
+        namespace, kind, model = where
+        by_model = self._objects[(namespace, kind)]
+        by_model[model].pop(uid, None)
+        if not by_model[model]:
+            del by_model[model]
+        del self._where[uid]

@@ -1,0 +1,133 @@
+"""The cache of owner Pods and BundleDeliveries the passes read (child_cache.py): it answers
+only when it can know, follows versions, and the sweep's LIST repairs a missed event."""
+
+from __future__ import annotations
+
+import pytest
+
+from resident_operator import metrics
+from resident_operator.child_cache import ChildCache
+from resident_operator.kube import Kube
+
+pytestmark = pytest.mark.unit
+NS = "team"
+
+
+def pod(uid: str, version: int, model: str = "lm", **meta) -> dict:
+    return {"metadata": {"uid": uid, "name": f"{model}-owner-{uid}", "namespace": NS,
+                         "resourceVersion": str(version),
+                         "labels": {"resident.dev/model": model}, **meta}}
+
+
+def ready(cache: ChildCache, *objs: dict, version: int = 100) -> ChildCache:
+    cache.refresh(NS, "Pod", list(objs), str(version))
+    return cache
+
+
+def names(objs) -> list[str]:
+    return sorted(o["metadata"]["name"] for o in objs)
+
+
+def test_it_cannot_say_before_the_sweep_listed_the_namespace():
+    cache = ChildCache()
+    cache.observe("Pod", "ADDED", pod("a", 5))
+    assert cache.children(NS, "Pod", "lm", []) is None
+    ready(cache, pod("a", 5))
+    assert names(cache.children(NS, "Pod", "lm", [])) == ["lm-owner-a"]
+    assert cache.children("elsewhere", "Pod", "lm", []) is None
+    assert cache.children(NS, "BundleDelivery", "lm", []) is None
+
+
+def test_only_the_models_own_children_come_back():
+    cache = ready(ChildCache(), pod("a", 5), pod("b", 6, model="other"))
+    assert names(cache.children(NS, "Pod", "lm", ["a"])) == ["lm-owner-a"]
+    assert names(cache.children(NS, "Pod", "other", [])) == ["other-owner-b"]
+
+
+def test_a_recorded_child_it_has_not_seen_sends_the_pass_to_the_api_server():
+    cache = ready(ChildCache(), pod("a", 5))
+    assert cache.children(NS, "Pod", "lm", ["a", "b"]) is None      # b: on its way, or missed
+    cache.observe("Pod", "ADDED", pod("b", 101))
+    assert names(cache.children(NS, "Pod", "lm", ["a", "b"])) == ["lm-owner-a", "lm-owner-b"]
+    cache.observe("Pod", "DELETED", pod("b", 102))
+    assert names(cache.children(NS, "Pod", "lm", ["a", "b"])) == ["lm-owner-a"]   # seen gone
+
+
+def test_an_older_version_never_replaces_a_newer_one():
+    cache = ready(ChildCache(), pod("a", 5, annotations={"v": "new"}))
+    cache.observe("Pod", "MODIFIED", pod("a", 4, annotations={"v": "old"}))
+    assert cache.children(NS, "Pod", "lm", [])[0]["metadata"]["annotations"] == {"v": "new"}
+    cache.observe("Pod", "MODIFIED", pod("a", 7, annotations={"v": "newer"}))
+    assert cache.children(NS, "Pod", "lm", [])[0]["metadata"]["annotations"] == {"v": "newer"}
+
+
+def test_a_deleted_child_is_not_brought_back_by_a_late_event_or_an_older_list():
+    cache = ready(ChildCache(), pod("a", 5))
+    cache.observe("Pod", "DELETED", pod("a", 9))
+    cache.observe("Pod", "MODIFIED", pod("a", 8))       # an event from before the delete
+    ready(cache, pod("a", 5), version=8)               # a LIST made before it
+    assert cache.children(NS, "Pod", "lm", ["a"]) == []
+
+
+def test_the_sweeps_list_drops_what_a_missed_delete_left_and_keeps_what_came_after_it():
+    cache = ready(ChildCache(), pod("ghost", 5), pod("kept", 6), version=10)
+    cache.observe("Pod", "ADDED", pod("young", 12))    # created after the next LIST was made
+    ready(cache, pod("kept", 6), version=11)            # the ghost's DELETED event was missed
+    # the ghost is gone, known so: a pass whose status still records it needs no LIST
+    assert names(cache.children(NS, "Pod", "lm", ["ghost"])) == ["lm-owner-kept", "lm-owner-young"]
+
+
+def test_the_sweeps_list_brings_a_missed_change():
+    cache = ready(ChildCache(), pod("a", 5), version=10)
+    ready(cache, pod("a", 11, annotations={"ready": "yes"}), version=12)
+    assert cache.children(NS, "Pod", "lm", ["a"])[0]["metadata"]["annotations"] == {"ready": "yes"}
+
+
+def test_its_own_writes_show_before_their_events():
+    cache = ready(ChildCache())
+    cache.wrote("Pod", pod("new", 101))
+    assert names(cache.children(NS, "Pod", "lm", ["new"])) == ["lm-owner-new"]
+    cache.deleting("Pod", "new", "2026-12-04T15:00:00Z")
+    [marked] = cache.children(NS, "Pod", "lm", ["new"])
+    assert marked["metadata"]["deletionTimestamp"] == "2026-12-04T15:00:00Z"
+    cache.observe("Pod", "ADDED", pod("new", 101))      # the create's own event, late
+    assert cache.children(NS, "Pod", "lm", ["new"])[0]["metadata"]["deletionTimestamp"]
+    cache.observe("Pod", "MODIFIED", pod("new", 102, deletionTimestamp="2026-12-04T15:00:01Z"))
+    [seen] = cache.children(NS, "Pod", "lm", ["new"])
+    assert seen["metadata"]["deletionTimestamp"] == "2026-12-04T15:00:01Z"
+    cache.wrote("Secret", pod("s", 103))               # only Pods and deliveries are kept
+    assert cache.children(NS, "Pod", "lm", ["s"]) is None
+
+
+def test_what_a_pass_gets_is_a_copy():
+    cache = ready(ChildCache(), pod("a", 5))
+    cache.children(NS, "Pod", "lm", [])[0]["metadata"]["labels"]["x"] = "y"
+    assert "x" not in cache.children(NS, "Pod", "lm", [])[0]["metadata"]["labels"]
+
+
+class Listing(Kube):
+    """A Kube whose LIST is counted (no API server: the cache is what is tested)."""
+
+    def __init__(self, cache: ChildCache, listed: list[dict]) -> None:
+        self.cache, self.listed, self.lists = cache, listed, []
+
+    def list(self, namespace, kind, selector):
+        self.lists.append((namespace, kind, selector))
+        return self.listed
+
+
+def reads(source: str) -> float:
+    return metrics.REGISTRY.get_sample_value("resident_operator_child_reads_total",
+                                             {"kind": "Pod", "source": source}) or 0.0
+
+
+def test_kube_lists_only_when_the_cache_cannot_say_and_counts_where_each_read_went():
+    cache = ChildCache()
+    kube = Listing(cache, [pod("a", 5)])
+    api, cached = reads("api"), reads("cache")
+    assert names(kube.children(NS, "Pod", "lm", ["a"])) == ["lm-owner-a"]
+    assert kube.lists == [(NS, "Pod", "resident.dev/model=lm")]            # not ready: a LIST
+    ready(cache, pod("a", 5))
+    got = kube.children(NS, "Pod", "lm", ["a"])
+    assert names(got) == ["lm-owner-a"] and got[0]["apiVersion"] == "v1" and len(kube.lists) == 1
+    assert (reads("api") - api, reads("cache") - cached) == (1, 1)
