@@ -27,6 +27,18 @@ a late event or a LIST made before the delete does not bring it back.
 are not newer than the LIST are dropped (a missed DELETED event), newer ones it has replace
 older cached ones (a missed MODIFIED event).
 
+**Ready from the start.** The operator declares kopf indexes on Pods and BundleDeliveries
+whose functions feed this cache (``handlers.py``); kopf runs no other handler, so no pass,
+before every index holds its resource's first listing. The first model's driver then
+calls :meth:`ChildCache.mark_ready`. Before that (and in tests that run a pass without
+kopf) the cache answers for a namespace once the sweep has listed it there.
+
+**kubelet's FailedMount Events** on owner Pods are kept too, by Pod UID: kopf watches
+them (filtered by the API server on reason and kind) and a new one wakes the Pod's model,
+so a Pod waiting for its volume is not polled. They carry no label to index them by, so a
+namespace's Events are known once one LIST of them there was made after the watch began
+(:meth:`ChildCache.refresh_events`; the union of that LIST and the watch misses nothing).
+
 Thread-safe: events arrive on the event loop; passes and the sweep use it from threads.
 """
 
@@ -37,9 +49,9 @@ import threading
 from collections import OrderedDict
 from typing import Any, Iterable
 
-from .naming import LABEL_MODEL
+from .naming import LABEL_MODEL, LABEL_MODEL_UID
 
-KINDS = ("Pod", "BundleDelivery")
+KINDS = ("Pod", "BundleDelivery")   # and FailedMount Events, apart (by Pod UID)
 GONE_REMEMBERED = 20000   # UIDs of objects seen deleted
 
 
@@ -69,12 +81,22 @@ class ChildCache:
         self._where: dict[str, tuple[str, str, str]] = {}   # uid -> (namespace, kind, model)
         self._ready: set[tuple[str, str]] = set()
         self._gone: OrderedDict[str, None] = OrderedDict()
+        self._all_ready = False
+        self._events: dict[str, dict[str, dict[str, Any]]] = {}   # Pod UID -> Event UID -> Event
+        self._events_ready: set[str] = set()                        # namespaces
+
+    def mark_ready(self) -> None:
+        """kopf's indexes hold their first listing: the cache answers everywhere."""
+        self._all_ready = True
 
     # -- what the watches and this operator's writes say ----------------------------------
     def observe(self, kind: str, event_type: str | None, obj: dict[str, Any]) -> None:
-        """A watch event (``event_type`` ADDED, MODIFIED, DELETED, or None while kopf lists)."""
+        """A watch event (``event_type`` ADDED, MODIFIED, DELETED, or None while kopf lists)
+        of a Pod, a BundleDelivery or a FailedMount ``Event``."""
         with self._lock:
-            if event_type == "DELETED":
+            if kind == "Event":
+                self._put_event(obj, gone=event_type == "DELETED")
+            elif event_type == "DELETED":
                 self._forget(obj, gone=True)
             else:
                 self._put(kind, obj)
@@ -122,13 +144,36 @@ class ChildCache:
                         self._forget(obj, gone=False)
             self._ready.add((namespace, kind))
 
+    def refresh_events(self, namespace: str, listed: list[dict[str, Any]]) -> None:
+        """A LIST of the FailedMount Events in ``namespace``, made after the watch began."""
+        with self._lock:
+            for obj in listed:
+                self._put_event(obj, gone=False)
+            self._events_ready.add(namespace)
+
     # -- what a pass reads -------------------------------------------------------------------
+    def mount_events(self, namespace: str, pod_uid: str) -> list[dict[str, Any]] | None:
+        """The FailedMount Events of the Pod ``pod_uid``; None until the namespace's are known."""
+        with self._lock:
+            if namespace not in self._events_ready:
+                return None
+            return [copy.deepcopy(e) for e in self._events.get(pod_uid, {}).values()]
+
+    def model_uid_of(self, uid: str) -> str | None:
+        """The model UID label of the cached Pod or BundleDelivery ``uid``."""
+        with self._lock:
+            where = self._where.get(uid)
+            if where is None:
+                return None
+            obj = self._objects[where[:2]][where[2]][uid]
+            return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_MODEL_UID)
+
     def children(self, namespace: str, kind: str, model: str, recorded: Iterable[str]
                  ) -> list[dict[str, Any]] | None:
         """Copies of the ``kind`` objects labelled ``model`` (the model label's value) in
         ``namespace``, or None when the cache cannot know them (see the module docstring)."""
         with self._lock:
-            if (namespace, kind) not in self._ready:
+            if not self._all_ready and (namespace, kind) not in self._ready:
                 return None
             objs = self._objects.get((namespace, kind), {}).get(model, {})
             if any(uid not in objs and uid not in self._gone for uid in recorded):
@@ -154,6 +199,19 @@ class ChildCache:
         self._objects.setdefault((namespace, kind), {}).setdefault(model, {})[uid] = obj
         self._where[uid] = (namespace, kind, model)
 
+    def _put_event(self, obj: dict[str, Any], gone: bool) -> None:
+        uid = (obj.get("metadata") or {}).get("uid")
+        pod_uid = (obj.get("involvedObject") or {}).get("uid")
+        if not uid or not pod_uid:
+            return
+        held = self._events.setdefault(pod_uid, {})
+        if gone:
+            held.pop(uid, None)
+        elif uid not in held or _replaces(obj, held[uid]):
+            held[uid] = copy.deepcopy(dict(obj))
+        if not held:
+            del self._events[pod_uid]
+
     def _forget(self, obj: dict[str, Any], gone: bool) -> None:
         uid = (obj.get("metadata") or {}).get("uid")
         if not uid:
@@ -163,6 +221,7 @@ class ChildCache:
             self._remove(uid, where)
         if gone:
             self._gone[uid] = None
+            self._events.pop(uid, None)   # a Pod's Events go with it
             while len(self._gone) > GONE_REMEMBERED:
                 self._gone.popitem(last=False)
 

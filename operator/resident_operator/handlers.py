@@ -39,7 +39,7 @@ from .cleanup import abandon_stuck_children, delete_recorded_children
 from .child_cache import ChildCache
 from .children import recorded_uids
 from .driver import ModelHandle, drive
-from .kube import Kube, load_config
+from .kube import MOUNT_EVENTS, Kube, load_config
 from .owner_client import OwnerCalls
 from .passes import model_context, run_pass
 from .reconcile import state_of
@@ -50,6 +50,7 @@ from .sweep import sweep_once
 log = logging.getLogger("resident.operator")
 MODEL = (naming.GROUP, naming.VERSION, naming.MODEL_PLURAL)
 DELIVERIES = (naming.GROUP, naming.VERSION, naming.DELIVERY_PLURAL)
+EVENTS = ("v1", "events")   # core Events, not events.k8s.io
 OWNED = {naming.LABEL_MODEL_UID: kopf.PRESENT}
 PASS_THREADS = 8        # passes of different models that may run at once
 DELETE_LOCK_SECONDS = 30
@@ -85,6 +86,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Only our children are watched: the API server filters them by label.
     for plural in ("pods", "secrets", "services", "poddisruptionbudgets", "networkpolicies"):
         settings.watching.label_selectors[plural] = naming.LABEL_MODEL_UID
+    settings.watching.field_selectors[EVENTS] = MOUNT_EVENTS   # kubelet's FailedMount on Pods
     # Events are posted explicitly (kopf.event ignores this level); kopf's own log lines,
     # e.g. "failed temporarily" every retry while children go away, stay in the logs.
     settings.posting.level = logging.CRITICAL
@@ -200,11 +202,36 @@ def _wake_model_of(labels: Any, model_handles: kopf.Index, cause: str) -> None:
         handle.poke(cause)
 
 
+# kopf runs no other handler before these indexes hold their first listing, so the
+# passes' cache of Pods and deliveries is whole from the first pass (child_cache.py). They
+# index nothing themselves; the watch events below keep the cache up to date afterwards.
+@kopf.index("pods", labels=OWNED)
+async def pods_listed(memo: kopf.Memo, body: Any, **_: Any) -> None:
+    memo.runtime.kube.cache.observe("Pod", None, dict(body))
+
+
+@kopf.index(*DELIVERIES, labels=OWNED)
+async def deliveries_listed(memo: kopf.Memo, body: Any, **_: Any) -> None:
+    memo.runtime.kube.cache.observe("BundleDelivery", None, dict(body))
+
+
 @kopf.on.event("pods", labels=OWNED)
 async def pod_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
                       **_: Any) -> None:
     memo.runtime.kube.cache.observe("Pod", event["type"], event["object"])   # before the wake
     _wake_model_of(labels, model_handles, "pod")
+
+
+@kopf.on.event(*EVENTS)
+async def mount_failed(memo: kopf.Memo, event: Any, model_handles: kopf.Index, **_: Any) -> None:
+    """kubelet's FailedMount on a Pod (the API server sends no other Events): its model
+    reads the bridge's answer from it at once."""
+    cache = memo.runtime.kube.cache
+    cache.observe("Event", event["type"], event["object"])
+    model_uid = cache.model_uid_of((event["object"].get("involvedObject") or {}).get("uid", ""))
+    if event["type"] != "DELETED" and model_uid:
+        for handle in model_handles.get(model_uid, []):
+            handle.poke("mount")
 
 
 @kopf.on.event("secrets", labels=OWNED)
@@ -241,6 +268,7 @@ async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: s
     rt: Runtime = memo.runtime
     if rt.sweeper is None:   # started here, in a context where kopf.event() works
         rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="orphan sweep")
+    rt.kube.cache.mark_ready()   # a daemon starts only once kopf's indexes are whole
     handle = _handle(memo, namespace, name, uid)
     one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock,
                                  handle.known, rt.sources, rt.owner_calls)

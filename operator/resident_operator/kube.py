@@ -25,6 +25,9 @@ from kubernetes.client.rest import ApiException
 
 from . import metrics, naming
 from .child_cache import ChildCache
+from .pod_verdicts import FAILED_MOUNT
+
+MOUNT_EVENTS = f"reason={FAILED_MOUNT},involvedObject.kind=Pod"   # the operator's watch of Events
 
 log = logging.getLogger("resident.operator.kube")
 CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}
@@ -134,9 +137,19 @@ class Kube:
             return cached
         return self.list(namespace, kind, f"{naming.LABEL_MODEL}={model}")
 
-    def pod_events(self, namespace: str, pod_uid: str, reason: str) -> list[dict[str, Any]]:
-        """The Events about one Pod (by UID) with ``reason``, e.g. kubelet's FailedMount."""
-        selector = f"involvedObject.uid={pod_uid},reason={reason}"
+    def failed_mounts(self, namespace: str, pod_uid: str) -> tuple[list[dict[str, Any]], bool]:
+        """kubelet's FailedMount Events about one Pod, and whether a watch brings the next
+        ones (the cache knows this namespace's: one LIST of them made it so), or the
+        caller must ask again."""
+        if self.cache is not None:
+            if self.cache.mount_events(namespace, pod_uid) is None:
+                self.cache.refresh_events(namespace, self._events(namespace, MOUNT_EVENTS))
+            known = self.cache.mount_events(namespace, pod_uid)
+            if known is not None:
+                return known, True
+        return self._events(namespace, f"involvedObject.uid={pod_uid},reason={FAILED_MOUNT}"), False
+
+    def _events(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._json(self.core.list_namespaced_event(
             namespace, field_selector=selector, _preload_content=False)).get("items") or []
 

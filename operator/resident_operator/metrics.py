@@ -17,7 +17,7 @@
   (``owner_client.py``).
 - ``resident_operator_wakes_total{cause}``: requests for a model's pass, by what asked
   (``model``, ``pod``, ``secret``, ``delivery``, ``service``, ``budget``,
-  ``control-policy``, ``owner``, ``resync``, ``sweep``).
+  ``control-policy``, ``mount`` (a FailedMount Event), ``owner``, ``resync``, ``sweep``).
 - ``resident_operator_pass_duration_seconds``: wall time of one pass.
 - ``resident_operator_child_reads_total{kind,source}``: a pass's reads of a model's owner
   Pods or BundleDeliveries, from the watch ``cache`` or the ``api`` server

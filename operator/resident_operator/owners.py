@@ -27,12 +27,12 @@ from .observe import OwnerView, owner_view
 from .transition import BROKEN_STATES
 from .owner_client import OwnerClient, OwnerUnreachable, OwnerUnresponsive, identities
 from .placement import build_owner_pod, build_token_secret, new_token
-from .pod_verdicts import FAILED_MOUNT, mount_verdict
+from .pod_verdicts import mount_verdict
 from .pod_template import stamp
 from .spec import ModelSpec
 
 log = logging.getLogger("resident.operator")
-MOUNT_RECHECK_SECONDS = 3.0   # while an owner Pod waits for its volume: kubelet's FailedMount
+MOUNT_RECHECK_SECONDS = 3.0   # an owner Pod waits for its volume, its Events not watched
 
 
 def adoptable(obj: dict[str, Any], model_uid: str) -> bool:
@@ -170,14 +170,18 @@ def owner_client(ctx: ModelContext, spec: ModelSpec, view: OwnerView) -> OwnerCl
 
 
 def with_mount_verdict(ctx: ModelContext, view: OwnerView) -> OwnerView:
-    """``view`` with the bridge's answer from kubelet's newest FailedMount on its Pod. Events
-    that cannot be read (the installation withholds ``list events``) only cost that answer."""
+    """``view`` with the bridge's answer from kubelet's newest FailedMount on its Pod. The
+    operator watches those Events and the next one wakes the model; where it cannot know
+    them from the watch, the model looks again in a few seconds. Events that cannot be
+    read (the installation withholds ``list events``) only cost that answer."""
     try:
-        events = ctx.kube.pod_events(ctx.namespace, view.uid, FAILED_MOUNT)
+        events, watched = ctx.kube.failed_mounts(ctx.namespace, view.uid)
     except ApiException as e:
         log.warning("cannot read the owner Pod's Events", extra={
             "model": f"{ctx.namespace}/{ctx.name}", "pod": view.pod, "error": f"{e.status} {e.reason}"})
-        return view
+        events, watched = [], False
+    if not watched:
+        ctx.follow_up.recheck_in(MOUNT_RECHECK_SECONDS)
     code, message = mount_verdict(events)
     return replace(view, mount_code=code, mount_message=message)
 
@@ -188,8 +192,8 @@ def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpe
     container exited and has not been ready since (it says why in its termination
     message; its Pod's next change wakes the model, so no recheck is needed).
 
-    A Pod waiting for its volume gets kubelet's newest FailedMount (the bridge's answer).
-    Events do not wake the model, so the model looks again every few seconds while one waits.
+    A Pod waiting for its volume gets kubelet's newest FailedMount (the bridge's answer);
+    the next one wakes the model (``with_mount_verdict``).
 
     The owners are asked together: a pass waits at most one owner-call timeout for all of
     them. An owner that gave no answer is ``unresponsive`` (not ready); one marked so
@@ -200,7 +204,6 @@ def observe_owners(ctx: ModelContext, pods: list[dict[str, Any]], spec: ModelSpe
         seen = owner_view(pod)
         if seen.awaiting_volume:
             views.append(with_mount_verdict(ctx, seen))
-            ctx.follow_up.recheck_in(MOUNT_RECHECK_SECONDS)
             continue
         if not seen.running or seen.exit_reason or not owner_address(ctx, seen.pod_ip):
             views.append(seen)

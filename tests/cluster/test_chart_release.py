@@ -399,7 +399,7 @@ def test_rbac_grants_what_the_components_need_and_no_more(cluster, namespace, he
                                ("watch", "residentmodels.resident.dev"),
                                ("patch", "residentmodels.resident.dev/status"),
                                ("create", "bundledeliveries.resident.dev"), ("create", "events"),
-                               ("list", "events"),   # kubelet's FailedMount on owner Pods
+                               ("list", "events"), ("watch", "events"),   # kubelet's FailedMount
                                ("patch", "bundledeliveries.resident.dev"),   # a stuck finalizer
                                ("get", "networkpolicies.networking.k8s.io"),   # one per model
                                ("watch", "networkpolicies.networking.k8s.io"),

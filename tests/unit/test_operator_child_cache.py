@@ -15,8 +15,8 @@ NS = "team"
 
 def pod(uid: str, version: int, model: str = "lm", **meta) -> dict:
     return {"metadata": {"uid": uid, "name": f"{model}-owner-{uid}", "namespace": NS,
-                         "resourceVersion": str(version),
-                         "labels": {"resident.dev/model": model}, **meta}}
+                         "resourceVersion": str(version), "labels": {"resident.dev/model": model},
+                         **meta}}
 
 
 def ready(cache: ChildCache, *objs: dict, version: int = 100) -> ChildCache:
@@ -36,6 +36,15 @@ def test_it_cannot_say_before_the_sweep_listed_the_namespace():
     assert names(cache.children(NS, "Pod", "lm", [])) == ["lm-owner-a"]
     assert cache.children("elsewhere", "Pod", "lm", []) is None
     assert cache.children(NS, "BundleDelivery", "lm", []) is None
+
+
+def test_once_kopfs_indexes_are_whole_it_answers_everywhere():
+    cache = ChildCache()
+    cache.observe("BundleDelivery", None, pod("d", 5))    # as the index function hands it over
+    assert cache.children(NS, "BundleDelivery", "lm", []) is None
+    cache.mark_ready()
+    assert names(cache.children(NS, "BundleDelivery", "lm", ["d"])) == ["lm-owner-d"]
+    assert cache.children("elsewhere", "Pod", "lm", []) == []
 
 
 def test_only_the_models_own_children_come_back():
@@ -131,3 +140,44 @@ def test_kube_lists_only_when_the_cache_cannot_say_and_counts_where_each_read_we
     got = kube.children(NS, "Pod", "lm", ["a"])
     assert names(got) == ["lm-owner-a"] and got[0]["apiVersion"] == "v1" and len(kube.lists) == 1
     assert (reads("api") - api, reads("cache") - cached) == (1, 1)
+
+
+def failed_mount(uid: str, pod_uid: str, version: int, message: str = "rpc error: code = NotFound desc = x") -> dict:
+    return {"metadata": {"uid": uid, "namespace": NS, "resourceVersion": str(version)},
+            "involvedObject": {"kind": "Pod", "uid": pod_uid}, "reason": "FailedMount", "message": message}
+
+
+def test_failed_mounts_are_known_once_the_namespace_was_listed_and_follow_the_watch():
+    cache = ChildCache()
+    cache.observe("Event", None, failed_mount("e1", "p1", 5))
+    assert cache.mount_events(NS, "p1") is None                 # not listed here yet
+    cache.refresh_events(NS, [failed_mount("e0", "p1", 4)])
+    assert sorted(e["metadata"]["uid"] for e in cache.mount_events(NS, "p1")) == ["e0", "e1"]
+    assert cache.mount_events(NS, "p2") == []                   # known: none
+    cache.observe("Event", "DELETED", failed_mount("e0", "p1", 6))
+    assert [e["metadata"]["uid"] for e in cache.mount_events(NS, "p1")] == ["e1"]
+    cache.observe("Pod", "ADDED", pod("p1", 7, labels={"resident.dev/model": "lm",
+                                                      "resident.dev/model-uid": "model-1"}))
+    assert cache.model_uid_of("p1") == "model-1" and cache.model_uid_of("p9") is None
+    cache.observe("Pod", "DELETED", pod("p1", 8))
+    assert cache.mount_events(NS, "p1") == []                   # a Pod's Events go with it
+
+
+class EventListing(Kube):
+    def __init__(self, cache: ChildCache | None, listed: list[dict]) -> None:
+        self.cache, self.listed, self.selectors = cache, listed, []
+
+    def _events(self, namespace, selector):
+        self.selectors.append(selector)
+        return self.listed
+
+
+def test_a_pod_waiting_for_its_volume_is_not_polled_once_its_namespaces_events_are_known():
+    kube = EventListing(ChildCache(), [failed_mount("e1", "p1", 5)])
+    events, watched = kube.failed_mounts(NS, "p1")
+    assert watched and [e["metadata"]["uid"] for e in events] == ["e1"]
+    assert kube.failed_mounts(NS, "p2") == ([], True)
+    assert kube.selectors == ["reason=FailedMount,involvedObject.kind=Pod"]     # one LIST
+    bare = EventListing(None, [failed_mount("e1", "p1", 5)])                   # no cache: asked each time
+    assert bare.failed_mounts(NS, "p1")[1] is False
+    assert bare.selectors == ["involvedObject.uid=p1,reason=FailedMount"]
