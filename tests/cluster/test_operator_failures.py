@@ -175,6 +175,15 @@ def passes(result: str) -> float:
     return REGISTRY.get_sample_value("resident_operator_reconciles_total", {"result": result}) or 0.0
 
 
+def mount_wakes() -> float:
+    return REGISTRY.get_sample_value("resident_operator_wakes_total", {"cause": "mount"}) or 0.0
+
+
+def cached_pod_reads() -> float:
+    return REGISTRY.get_sample_value("resident_operator_child_reads_total",
+                                     {"kind": "Pod", "source": "cache"}) or 0.0
+
+
 def test_a_child_the_api_server_refuses_degrades_the_model_with_its_message(cluster, namespace, bundles):
     """A ResourceQuota of zero Services: every pass fails creating the model's Service. The
     model says so with the API server's words, and recovers when the quota goes."""
@@ -296,11 +305,15 @@ def test_a_failing_first_mount_names_the_bridges_error_on_the_model(cluster, nam
     weights.unlink()                               # the manifest is there, one file 404s
     try:
         with PlayedNode(cluster, namespace, tmp_path, real_bridge=True) as node, running_operator(namespace):
+            woken, cached = mount_wakes(), cached_pod_reads()
             api.create_model("lm", {"bundle": {"source": url, "digest": d["one"]},
                                     "runtime": {"port": port}})
             cond = wait_for(lambda: degraded(api, "lm", "DeliveryFailed"), timeout=30,
                             what="Degraded/DeliveryFailed")
             assert "HTTP 404" in cond["message"] and weights.name in cond["message"]
+            # kubelet's FailedMount woke the model through the operator's watch of Events,
+            # and its passes read the owner Pod from the watch cache, not by LIST
+            assert mount_wakes() > woken and cached_pod_reads() > cached
             assert cond["message"].startswith("1 owner cannot mount the bundle; lm-owner-")
             delivered = condition(api.model("lm"), "Delivered")
             assert (delivered["status"], delivered["reason"]) == ("False", "MountFailed")
