@@ -7,20 +7,28 @@ user so the API server's audit log attributes every request to it. Arms:
 - ``poll``: the operator as of commit ``POLL_COMMIT`` (two 1 s kopf timers per model, a
   full re-read of the model, its Pods and deliveries at every resync), unpacked from git
   into a temporary directory and run with its own defaults;
+- ``list``: the event-driven operator as of commit ``LIST_COMMIT``, the last one whose
+  passes LIST a model's Pods and BundleDeliveries from the API server (and list a waiting
+  Pod's Events every 3 s), unpacked the same way;
 - ``event``: the operator of this checkout (one driver per model woken by watch events,
-  a slow safety resync, one cluster-wide sweep), with the per-model NetworkPolicy on as
-  the chart deploys it (``CHART_SETTINGS``).
+  passes that read Pods and deliveries from the watch cache, a slow safety resync, one
+  cluster-wide sweep), with the per-model NetworkPolicy on as the chart deploys it
+  (``CHART_SETTINGS``).
+
+``--arms`` picks two or more (default ``poll,event``, the first runs' pair).
 
 Per round and arm: a fresh namespace, the operator started, ``--models`` ResidentModels
 created at once (8 client threads); *converge* is the time from the last create until
 every model has status conditions; then the operator is left alone for ``--settle``
 seconds and we record its CPU time (utime+stime from /proc), its RSS at the end, and its
 API requests in that window (audit log, one entry per request, long watches included);
+*creation writes per model* are its create, update, patch and delete requests from the
+first create until 10 s after convergence, divided by the model count;
 ``apiserver_request_total`` over the same window is kept beside it (it includes the
 controller-manager's and the scheduler's own traffic). Arms alternate each round.
 
-``python experiments/10-operator-scale/run.py [--rounds 5] [--models 300] [--settle 300]``
-(root not needed). ``verify.py`` recomputes summary.json from raw.json.
+``python experiments/10-operator-scale/run.py [--rounds 5] [--models 300] [--settle 300]
+[--arms list,event] [--out DIR]`` (root not needed). ``verify.py`` recomputes summary.json from raw.json.
 """
 
 from __future__ import annotations
@@ -47,10 +55,12 @@ sys.path.insert(0, str(REPO))
 import benchkit  # noqa: E402
 
 POLL_COMMIT = "587e517"          # the last commit of the poll-driven operator
+LIST_COMMIT = "5844fec"          # the last event-driven operator whose passes LIST children
+COMMITS = {"poll": POLL_COMMIT, "list": LIST_COMMIT, "event": None}   # None: this checkout
 USER = "resident-operator"
-ARMS = ("poll", "event")
-RATIOS = {"poll_over_event": ("poll", "event")}
-METRICS = ("requests_per_model_minute", "cpu_fraction", "rss_mib", "converge_seconds")
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+METRICS = ("requests_per_model_minute", "cpu_fraction", "rss_mib", "converge_seconds",
+           "creation_writes_per_model")
 CHART_SETTINGS = {"RESIDENT_OWNER_NETWORK_POLICY": "true", "RESIDENT_OPERATOR_NAMESPACE": "resident-system",
                   "RESIDENT_OPERATOR_POD_LABELS": "app.kubernetes.io/name=resident-operator"}
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -63,14 +73,23 @@ rules:
 """ % USER
 
 
+def arms_of(raw: dict) -> list[str]:
+    return sorted({s["arm"] for s in raw["samples"]}, key=list(COMMITS).index)
+
+
 def recompute(raw: dict) -> dict:
-    return {m: benchkit.summarize(raw["samples"], m, RATIOS) for m in METRICS}
+    """Per metric the samples hold (the first runs counted no creation writes): each arm's
+    median and IQR, and every other arm over ``event``."""
+    ratios = {f"{a}_over_event": (a, "event") for a in arms_of(raw) if a != "event"}
+    return {m: benchkit.summarize(raw["samples"], m, ratios) for m in METRICS
+            if all(m in s for s in raw["samples"])}
 
 
 PANELS = {"requests_per_model_minute": "API requests per model and minute",
           "cpu_fraction": "CPU, settled (fraction of one core)",
           "rss_mib": "RSS at the end, MiB",
-          "converge_seconds": "last create to all with conditions, s"}
+          "converge_seconds": "last create to all with conditions, s",
+          "creation_writes_per_model": "writes per model, creation"}
 
 
 def draw(raw: dict, folder: Path) -> list[Path]:
@@ -78,23 +97,26 @@ def draw(raw: dict, folder: Path) -> list[Path]:
     model count, so the picture compares the arms at that count, not across counts)."""
     import plots
     summary = recompute(raw)
+    arms = arms_of(raw)
     n = summary[METRICS[0]]["arms"]["event"]["n"]
+    named = ", ".join(f"{a} ({COMMITS[a]})" for a in arms if COMMITS[a])
     return [plots.medians(
         folder / "cost.png",
-        f"10: {raw['config']['models']} models, settled: poll ({raw['config']['poll_commit']}) vs event-driven",
-        [(PANELS[m], {arm: summary[m]["arms"][arm] for arm in ARMS}) for m in METRICS],
+        f"10: {raw['config']['models']} models: {named} vs this operator (event)",
+        [(PANELS[m], {arm: summary[m]["arms"][arm] for arm in arms}) for m in summary],
         plots.footnote(raw, f"n = {n} per arm, alternating; bars: medians, whiskers: IQR; "
                             f"settled window {raw['config']['settle_seconds']:.0f} s"))]
 
 
 def operator_tree(work: Path, arm: str) -> Path:
-    """The ``operator/`` folder an arm runs: this checkout's, or POLL_COMMIT's unpacked."""
-    if arm == "event":
+    """The ``operator/`` folder an arm runs: this checkout's, or its commit's unpacked."""
+    commit = COMMITS[arm]
+    if commit is None:
         return REPO / "operator"
-    dest = work / f"operator-{POLL_COMMIT}"
+    dest = work / f"operator-{commit}"
     if not dest.exists():
         dest.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", POLL_COMMIT, "operator"],
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "operator"],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest / "operator"
@@ -110,14 +132,15 @@ def rss_mib(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024
 
 
-def audited_requests(log: Path, since: float, until: float) -> int:
-    """Requests by USER received in [since, until) (epoch seconds), each counted once."""
+def audited_requests(log: Path, since: float, until: float, verbs: set[str] | None = None) -> int:
+    """Requests by USER received in [since, until) (epoch seconds), each counted once; only
+    those of ``verbs`` if given."""
     seen = set()
     if not log.exists():
         return 0
     for line in log.read_text().splitlines():
         e = json.loads(line)
-        if (e.get("user") or {}).get("username") != USER:
+        if (e.get("user") or {}).get("username") != USER or (verbs and e.get("verb") not in verbs):
             continue
         t = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
         if since <= t < until:
@@ -164,6 +187,7 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(work))
     try:
         time.sleep(3)   # kopf is up and watching an empty namespace
+        created = time.time()
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: custom.create_namespaced_custom_object(
                 "resident.dev", "v1alpha1", ns, "residentmodels", model(f"m{i:04d}", bundle)), range(models)))
@@ -177,6 +201,7 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
             time.sleep(0.5)
         converge = time.monotonic() - applied
         time.sleep(10)   # let the creation burst drain before the settled window
+        writes = audited_requests(Path(cp.state_dir) / "audit.log", created, time.time(), WRITES)
         t0, cpu0, req0 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
         time.sleep(settle)
         t1, cpu1, req1 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
@@ -197,7 +222,7 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
     minutes = (t1 - t0) / 60
     return {"converge_seconds": converge, "settle_seconds": t1 - t0, "cpu_fraction": (cpu1 - cpu0) / (t1 - t0),
             "rss_mib": rss, "operator_requests": own, "requests_per_model_minute": own / models / minutes,
-            "apiserver_requests_total_delta": req1 - req0}
+            "apiserver_requests_total_delta": req1 - req0, "creation_writes_per_model": writes / models}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", type=int, default=300)
     ap.add_argument("--settle", type=float, default=300.0, help="settled window per sample, seconds")
     ap.add_argument("--out", type=Path, default=HERE, help="where raw.json and summary.json go")
+    ap.add_argument("--arms", default="poll,event",
+                    help=f"comma-separated, two or more of {', '.join(COMMITS)} (event: this checkout)")
     args = ap.parse_args(argv)
+    arms = args.arms.split(",")
+    if len(arms) < 2 or "event" not in arms or not set(arms) <= set(COMMITS):
+        ap.error(f"--arms: two or more of {', '.join(COMMITS)}, event among them")
 
     from localcluster.controlplane import ControlPlane
 
@@ -227,20 +257,20 @@ def main(argv: list[str] | None = None) -> int:
             samples = benchkit.run_rounds(args.rounds, {
                 arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter),
                                                 bundle))
-                for arm in ARMS})
+                for arm in arms})
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     raw = {"config": {"rounds": args.rounds, "models": args.models, "settle_seconds": args.settle,
-                      "poll_commit": POLL_COMMIT, "kubernetes": kubernetes_version},
+                      "poll_commit": POLL_COMMIT, "commits": {a: COMMITS[a] for a in arms},
+                      "kubernetes": kubernetes_version},
            **benchkit.provenance(machine_before, benchkit.machine()), "samples": samples}
     summary = recompute(raw)
     args.out.mkdir(parents=True, exist_ok=True)
     benchkit.write(args.out, raw, summary, draw)
-    for m in METRICS:
-        arms = summary[m]["arms"]
-        ratio = summary[m]["ratios"]["poll_over_event"]
-        print(f"{m:<28} poll {arms['poll']['median']:10.3f}  event {arms['event']['median']:10.3f}  "
-              f"ratio {'-' if ratio is None else f'{ratio:.1f}x':>9}")
+    for m, s in summary.items():
+        medians = "  ".join(f"{a} {s['arms'][a]['median']:10.3f}" for a in arms)
+        ratios = "  ".join(f"{k} {'-' if r is None else f'{r:.2f}x'}" for k, r in s["ratios"].items())
+        print(f"{m:<28} {medians}  {ratios}")
     return 0
 
 
