@@ -316,6 +316,16 @@ def test_owners_added_later_take_their_revision_from_the_node_that_holds_it(trio
             out[pod.spec.node_name] = sum(float(line.split()[-1]) for line in text.splitlines()
                                           if line.startswith("resident_peer_served_bytes_total"))
         return out
+    def bridges() -> list[str]:
+        """Each bridge Pod as peers see it: Ready (only Ready bridges are asked), restarts."""
+        return [f"{p.spec.node_name}: ready={_ready(p)} restarts="
+                f"{sum(c.restart_count for c in p.status.container_statuses or [])}"
+                for p in core.list_namespaced_pod(trio.installation.namespace,
+                                                  label_selector="app.kubernetes.io/component=bridge").items]
+    # peers ask only Ready bridges: the holder's must be one (a node lost by an earlier
+    # test comes back with its bridge restarting)
+    wait_for(lambda: all("ready=True" in b for b in bridges()) and len(bridges()) == 3, timeout=120,
+             what="every bridge Ready", every=1)
     log = next((trio.work / "logs").glob("bundle-server-*.log"))
     mark, before = log.stat().st_size, served()
     try:
@@ -324,7 +334,7 @@ def test_owners_added_later_take_their_revision_from_the_node_that_holds_it(trio
         asked = [json.loads(line) for line in log.read_text()[mark:].splitlines() if line.startswith("{")]
         again = sorted({(a.get("path"), a.get("client")) for a in asked if a.get("path") in blobs})
         assert not again, (f"the origin served files of {digest} again (path, client): {again}; "
-                           f"the bridges said: {peer_log_lines(trio)}")
+                           f"holder {holder}; bridges now {bridges()}; the bridges said: {peer_log_lines(trio)}")
         # what the new nodes did not hold already (their stores share unchanged files and
         # chunks with revision A) came from the holder
         after = served()
