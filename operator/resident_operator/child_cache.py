@@ -5,10 +5,8 @@ Their handlers also hand each event's object to a :class:`ChildCache`, and a pas
 model's children from it instead of LISTing them from the API server (issue 27, point 1).
 The cache answers ``None``, and the pass LISTs as before, when it cannot know:
 
-- **not ready**: the sweep has not listed that kind in that namespace yet (for a sweep
-  period after the operator starts, or while the sweep's budget has not reached the
-  namespace). The first LIST tells the cache what the watch may have missed before it
-  began;
+- **not ready**: kopf's indexes do not hold their first listing yet (below), or, where
+  a pass runs without kopf, the sweep has not listed that kind in that namespace yet;
 - **a recorded child is missing**: a child the model's status records is neither cached nor
   seen deleted. Its event may still be on the way (created a moment ago by another
   operator at a handover), or it was missed; only the API server knows.
@@ -17,9 +15,11 @@ This operator's own writes go into the cache when the API server answers them (a
 patch: the object written; a delete: the object marked as terminating, until the watch
 reports it), so a pass right after a write does not act on the state before it.
 
-**Versions.** An object replaces the cached one unless its ``resourceVersion`` is older,
+**Versions.** An object replaces the cached one only if its ``resourceVersion`` is newer,
 compared as integers (every API server backed by etcd gives integers; a version that is
-not one always replaces). An object seen deleted is remembered (a bounded set of UIDs), so
+not one always replaces). The same version again changes nothing, so the same event seen
+by the index and by the event handler is stored once, and a late event of the version this
+operator deleted does not undo its mark. An object seen deleted is remembered (a bounded set of UIDs), so
 a late event or a LIST made before the delete does not bring it back.
 
 **The sweep refreshes it.** Each minute the sweep LISTs every swept kind per namespace
@@ -63,14 +63,9 @@ def _version(obj: dict[str, Any]) -> int | None:
 
 
 def _replaces(new: dict[str, Any], old: dict[str, Any]) -> bool:
-    """Whether ``new`` replaces the cached ``old``: not older, and at the same version it
-    does not undo this operator's mark of a delete (:meth:`ChildCache.deleting`)."""
+    """Whether ``new`` replaces the cached ``old``: a newer version (or one not comparable)."""
     a, b = _version(new), _version(old)
-    if a is None or b is None:
-        return True
-    if a == b:
-        return not old["metadata"].get("deletionTimestamp") or bool(new["metadata"].get("deletionTimestamp"))
-    return a > b
+    return a is None or b is None or a > b
 
 
 class ChildCache:
@@ -107,12 +102,12 @@ class ChildCache:
             with self._lock:
                 self._put(kind, obj)
 
-    def deleting(self, kind: str, uid: str, when: str) -> None:
-        """This operator deleted ``uid`` at ``when`` (RFC 3339): terminating until the watch
-        says more (its next event has a newer version and replaces the mark)."""
+    def deleting(self, uid: str, when: str) -> None:
+        """This operator deleted ``uid`` at ``when`` (RFC 3339): if cached, terminating until
+        the watch says more (its next event has a newer version and replaces the mark)."""
         with self._lock:
             where = self._where.get(uid)
-            if kind not in KINDS or where is None:
+            if where is None:
                 return
             namespace, kind, model = where
             obj = self._objects[(namespace, kind)][model][uid]

@@ -142,9 +142,10 @@ class Kube:
         ones (the cache knows this namespace's: one LIST of them made it so), or the
         caller must ask again."""
         if self.cache is not None:
-            if self.cache.mount_events(namespace, pod_uid) is None:
-                self.cache.refresh_events(namespace, self._events(namespace, MOUNT_EVENTS))
             known = self.cache.mount_events(namespace, pod_uid)
+            if known is None:
+                self.cache.refresh_events(namespace, self._events(namespace, MOUNT_EVENTS))
+                known = self.cache.mount_events(namespace, pod_uid)
             if known is not None:
                 return known, True
         return self._events(namespace, f"involvedObject.uid={pod_uid},reason={FAILED_MOUNT}"), False
@@ -166,7 +167,7 @@ class Kube:
         try:
             self._call("delete", kind, namespace, name, body=body, _preload_content=False)
             if self.cache is not None:
-                self.cache.deleting(kind, uid, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                self.cache.deleting(uid, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
             return "deleted"
         except ApiException as e:
             if e.status == 404:

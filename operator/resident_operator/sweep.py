@@ -11,8 +11,7 @@ should have woken it was missed. An object whose controller, by owner reference,
 is a model that no longer exists is deleted by UID as well. A settled cluster costs one
 LIST request per swept kind, namespace and sweep, whatever the number of models. The
 LISTs of owner Pods and BundleDeliveries also refresh the operator's cache of them
-(``child_cache.py``): the first makes it answer for that namespace, and each drops what a
-missed watch event left in it.
+(``child_cache.py``): each drops what a missed watch event left in it.
 
 The sweep has a budget of its own: it runs on its own thread (handlers.py), so passes
 cannot starve it nor it them, and one sweep runs at most ``RESIDENT_SWEEP_BUDGET_SECONDS``:

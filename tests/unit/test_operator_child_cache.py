@@ -96,7 +96,7 @@ def test_its_own_writes_show_before_their_events():
     cache = ready(ChildCache())
     cache.wrote("Pod", pod("new", 101))
     assert names(cache.children(NS, "Pod", "lm", ["new"])) == ["lm-owner-new"]
-    cache.deleting("Pod", "new", "2026-12-04T15:00:00Z")
+    cache.deleting("new", "2026-12-04T15:00:00Z")
     [marked] = cache.children(NS, "Pod", "lm", ["new"])
     assert marked["metadata"]["deletionTimestamp"] == "2026-12-04T15:00:00Z"
     cache.observe("Pod", "ADDED", pod("new", 101))      # the create's own event, late
