@@ -181,13 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                              selector=args.peer_selector, account=args.peer_account,
                              token_file=args.peer_token_file, audience=args.peer_audience,
                              max_transfers=args.peer_max_transfers, rate=args.peer_rate)
-    client = api_client(args.kubeconfig) if (args.authorize == "api" or args.deliveries or peers) else None
-    if args.authorize == "api" and client is None:
-        log.warning("namespace authorization falls back to deny: every publish is refused")
+    needs_api = args.authorize == "api" or args.deliveries or peers is not None
+    bridge = None
     try:
         bridge = Bridge(BridgeConfig(
             endpoint=args.endpoint, node_id=args.node_id, root=args.root,
-            authorize=args.authorize, authorize_file=args.authorize_file, api_client=client,
+            authorize=args.authorize, authorize_file=args.authorize_file, connect_later=True,
             metrics_port=None if args.metrics_port < 0 else args.metrics_port,
             metrics_address=args.metrics_address,
             healthz_port=None if args.healthz_port < 0 else args.healthz_port,
@@ -201,13 +200,17 @@ def main(argv: list[str] | None = None) -> int:
             delivery_retry_seconds=args.delivery_retry_seconds,
             delivery_retry_max_seconds=args.delivery_retry_max_seconds,
             pods_dir=args.pods_dir, peers=peers, source_proxy=args.source_proxy or None))
-        bridge.start()
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        bridge.start()   # kubelet can register the driver from here on
+        # Only now the Kubernetes client (seconds of imports); a publish waits for it.
+        bridge.connect(api_client(args.kubeconfig) if needs_api else None)
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)
+        if bridge is not None:
+            bridge.stop(grace=0)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     if bridge.metrics_port is not None:
         log.info("metrics", extra={"target": f"http://{args.metrics_address}:{bridge.metrics_port}/metrics"})
     if bridge.healthz_port is not None:

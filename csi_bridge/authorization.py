@@ -19,6 +19,7 @@ Three policies, chosen by ``--authorize``:
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Protocol
 
@@ -135,6 +136,30 @@ class ApiPolicy:
             verb = "does not declare" if bundle.model else "declares"
             raise Denied(f"{who} in namespace {ns!r} {verb} bundle {bundle.digest} "
                          f"from {bundle.source}")
+
+
+class AwaitedPolicy:
+    """The policy of a bridge that serves before it has reached the API server.
+
+    The bridge registers with kubelet first (importing the Kubernetes client costs seconds,
+    and every mount that fails meanwhile doubles kubelet's wait); a check made before the
+    real policy arrives waits for it, up to ``wait_seconds``, instead of failing.
+    """
+
+    def __init__(self, name: str, wait_seconds: float = 30.0):
+        self.name, self.wait_seconds = name, wait_seconds
+        self._policy: Authorizer | None = None
+        self._arrived = threading.Event()
+
+    def arrive(self, policy: Authorizer) -> None:
+        self._policy = policy
+        self._arrived.set()
+
+    def authorize(self, pod: PodRef, bundle: BundleRef) -> None:
+        if not self._arrived.wait(self.wait_seconds):
+            raise Unchecked(f"the bridge has not reached the Kubernetes API within "
+                            f"{self.wait_seconds:g} s of the check; try again")
+        self._policy.authorize(pod, bundle)
 
 
 def make_authorizer(mode: str, *, api_client=None, static_file: Path | None = None) -> Authorizer:

@@ -6,8 +6,13 @@ filesystem so revision trees can be hardlinks. ``start()`` reconciles first, the
 CSI on the unix socket (a stale socket file is removed before binding; the socket is
 mode 0660, for root and the process's group), optionally the kubelet registration
 socket, ``/metrics`` and ``/healthz`` (:mod:`.endpoints`, on 127.0.0.1 unless told
-otherwise), and the BundleDelivery watch. ``stop()`` stops them in reverse order; mounts
-stay (they belong to the Pods).
+otherwise). ``connect(api_client)`` then adds what needs the API server: namespace
+authorization, the orphan sweep, peers and the BundleDelivery watch. ``start()`` calls it
+itself when the config carries a client; with ``connect_later`` the caller does, after
+kubelet could already register the driver (the process entry point: importing the
+Kubernetes client takes seconds, and a mount kubelet tries before the driver is
+registered fails and doubles its wait). ``stop()`` stops everything in reverse order;
+mounts stay (they belong to the Pods).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 import grpc
 
 from . import endpoints, logs
-from .authorization import Authorizer, make_authorizer
+from .authorization import Authorizer, AwaitedPolicy, make_authorizer
 from .collection import Collector
 from .identity import DRIVER_NAME, IdentityServicer
 from .liveness import LivenessCheck
@@ -50,6 +55,7 @@ class BridgeConfig:
     authorize: str = "api"              # api | deny | static | allow-any
     authorize_file: Path | None = None
     api_client: object = None           # kubernetes ApiClient, for authorize=api and deliveries
+    connect_later: bool = False         # serve first; the client comes through connect()
     metrics_port: int | None = None     # None: no /metrics server; 0: any free port
     metrics_address: str = "127.0.0.1"  # /metrics and /healthz bind it
     healthz_port: int | None = None     # None: no /healthz; the same port as metrics shares it
@@ -119,8 +125,9 @@ class Bridge:
         self.metrics = BridgeMetrics(CollectorRegistry() if c.private_metrics else REGISTRY)
         self.metrics.watch(lambda: len(self.store.leases()),
                            lambda: len(self.state.publications("state='published'")))
-        self.authorizer: Authorizer = make_authorizer(c.authorize, api_client=c.api_client,
-                                                      static_file=c.authorize_file)
+        self.authorizer: Authorizer = (
+            AwaitedPolicy(c.authorize) if c.connect_later and c.authorize == "api"
+            else make_authorizer(c.authorize, api_client=c.api_client, static_file=c.authorize_file))
         self.locks = VolumeLocks()
         self.publisher = Publisher(self.store, self.state, self.volumes_root, self.authorizer,
                                    self.metrics, self.locks, partial(open_source, proxy=c.source_proxy),
@@ -202,28 +209,40 @@ class Bridge:
             http["/healthz"] = (c.healthz_port, self.liveness.app)
         self.listeners = endpoints.serve(c.metrics_address, http)
         self.collector.start()
-        if c.api_client is not None:
-            from .sweep import OrphanSweeper
-            self.sweeper = OrphanSweeper(self.publisher, self.state, self.locks, c.api_client,
-                                         grace_seconds=c.orphan_grace_seconds)
-            self.sweeper.start()
-        if c.peers is not None:
-            if c.api_client is None:
-                raise ValueError("peer delivery needs API access (a kubeconfig)")
-            self.peering = self.publisher.peering = Peering(self.store, c.api_client, c.node_id, c.peers,
-                                                            self.metrics).start()
-        if c.deliveries:
-            if c.api_client is None:
-                raise ValueError("watching BundleDeliveries needs API access (a kubeconfig)")
-            from .deliveries import DeliveryWatcher
-            from .retries import Backoff
-            self.watcher = DeliveryWatcher(self, c.api_client, backoff=Backoff(
-                c.delivery_retry_seconds, c.delivery_retry_max_seconds))
-            self.watcher.start()
         log.info("bridge serving", extra={"target": str(self.socket), "phase": "started",
                                           "gc_watermarks_bytes": self.collector.watermarks(),
                                           "gc_high_water_percent": self.collector.high_percent})
+        if not c.connect_later:
+            self.connect(c.api_client)
         return self
+
+    def connect(self, api_client) -> None:
+        """Start what needs the API server; None: no access (authorization fails closed)."""
+        c = self.config
+        if c.peers is not None and api_client is None:
+            raise ValueError("peer delivery needs API access (a kubeconfig)")
+        if c.deliveries and api_client is None:
+            raise ValueError("watching BundleDeliveries needs API access (a kubeconfig)")
+        if api_client is not None:
+            from .sweep import OrphanSweeper
+            self.sweeper = OrphanSweeper(self.publisher, self.state, self.locks, api_client,
+                                         grace_seconds=c.orphan_grace_seconds)
+            self.sweeper.start()
+        if c.peers is not None:
+            self.peering = self.publisher.peering = Peering(self.store, api_client, c.node_id, c.peers,
+                                                            self.metrics).start()
+        if c.deliveries:
+            from .deliveries import DeliveryWatcher
+            from .retries import Backoff
+            self.watcher = DeliveryWatcher(self, api_client, backoff=Backoff(
+                c.delivery_retry_seconds, c.delivery_retry_max_seconds))
+            self.watcher.start()
+        if isinstance(self.authorizer, AwaitedPolicy):   # last: a waiting publish finds peers
+            if api_client is None:
+                log.warning("namespace authorization falls back to deny: every publish is refused")
+            self.authorizer.arrive(make_authorizer("api", api_client=api_client))
+        if c.connect_later:
+            log.info("bridge connected", extra={"phase": "connected", "api": api_client is not None})
 
     def stop(self, grace: float = 2.0) -> None:
         if self.watcher is not None:

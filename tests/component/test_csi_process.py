@@ -161,6 +161,43 @@ def test_deny_policy_refuses_every_publish(tmp_path):
     assert not (tmp_path / "t").exists() and mountinfo.mounts_under(tmp_path) == []
 
 
+def test_a_bridge_registers_before_it_has_an_api_client_and_a_publish_waits_for_it(short_tmp):
+    """kubelet registers the driver while the Kubernetes client is still importing; a mount
+    it tries meanwhile is held for the API-backed policy, not failed (a failed mount doubles
+    kubelet's next wait)."""
+    import threading
+    tmp_path = short_tmp
+    digest = make_bundle(tmp_path / "src", {"graph.onnx": b"g"})
+    reg_dir = tmp_path / "reg"
+    bridge = Bridge(BridgeConfig(endpoint=f"unix://{tmp_path}/csi.sock", node_id="n", root=tmp_path / "data",
+                                 authorize="api", connect_later=True, registration_dir=reg_dir,
+                                 private_metrics=True)).start()
+    outcome = []
+    try:
+        (reg_socket,) = reg_dir.glob("bundles.resident.dev-*-reg.sock")
+        with grpc.insecure_channel(f"unix://{reg_socket}") as ch:
+            assert reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=5).name == "bundles.resident.dev"
+        with CsiClient(tmp_path / "csi.sock") as c:
+            assert c.identity.Probe(csi_pb2.ProbeRequest()).ready.value is True
+
+            def publish():
+                try:
+                    c.node.NodePublishVolume(publish_request("v", tmp_path / "t", digest, f"file://{tmp_path}/src"))
+                except grpc.RpcError as e:
+                    outcome.append(e)
+            call = threading.Thread(target=publish)
+            call.start()
+            call.join(0.5)
+            assert call.is_alive() and not outcome       # held for the policy
+            bridge.connect(None)                         # no credentials: the policy fails closed
+            call.join(10)
+        assert outcome and outcome[0].code() == grpc.StatusCode.PERMISSION_DENIED, outcome
+        assert "no API access" in outcome[0].details()
+    finally:
+        bridge.stop()
+    assert not (tmp_path / "t").exists() and mountinfo.mounts_under(tmp_path) == []
+
+
 @pytest.mark.parametrize("args,words", [
     (["--endpoint", "tcp://127.0.0.1:1"], "unix://"),
     (["--authorize", "static", "--authorize-file", "/nonexistent/policy.json"], "authorization file"),

@@ -7,8 +7,8 @@ import pytest
 
 from csi_bridge import arguments, mountinfo
 from csi_bridge.arguments import BundleRef, PodRef
-from csi_bridge.authorization import (AllowAny, Denied, DenyAll, StaticPolicy, make_authorizer,
-                                      model_declares)
+from csi_bridge.authorization import (AllowAny, AwaitedPolicy, Denied, DenyAll, StaticPolicy, Unchecked,
+                                      make_authorizer, model_declares)
 from csi_bridge.fetches import Fetch
 from csi_bridge.identity import NAME_RE, DRIVER_NAME
 from csi_bridge.locks import VolumeLocks
@@ -78,6 +78,35 @@ def test_static_policy_and_fallbacks(tmp_path):
         StaticPolicy(f)
     with pytest.raises(ValueError):
         make_authorizer("static")
+
+
+def test_an_awaited_policy_holds_a_check_until_the_real_one_arrives(tmp_path):
+    import threading
+    pod, bundle = PodRef(namespace="a"), BundleRef(digest=D1, source="file:///x")
+    early = AwaitedPolicy("api", wait_seconds=0.05)
+    with pytest.raises(Unchecked, match="has not reached the Kubernetes API"):   # kubelet retries
+        early.authorize(pod, bundle)
+    waiting = AwaitedPolicy("api", wait_seconds=30)
+    outcome = []
+    check = threading.Thread(target=lambda: outcome.append(_refusal(waiting, pod, bundle)))
+    check.start()
+    check.join(0.2)
+    assert check.is_alive() and not outcome        # held, not refused
+    waiting.arrive(DenyAll())
+    check.join(5)
+    assert outcome and isinstance(outcome[0], Denied) and "no API access" in str(outcome[0])
+    f = tmp_path / "p.json"
+    f.write_text('{"a": ["%s"]}' % D1)
+    allowed = AwaitedPolicy("api")
+    allowed.arrive(StaticPolicy(f))
+    allowed.authorize(pod, bundle)                  # the real policy's answer, now at once
+
+
+def _refusal(policy, pod, bundle):
+    try:
+        policy.authorize(pod, bundle)
+    except Denied as e:
+        return e
     with pytest.raises(ValueError):
         make_authorizer("maybe")
 
