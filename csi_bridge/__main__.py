@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     jsonlog.configure(args.log_level)
     log = logging.getLogger("resident.bridge")
+    log.info("bridge starting", extra={"phase": "starting", "node": args.node_id})
     if not args.node_id:
         print("resident bridge: --node-id (or NODE_NAME) is required", file=sys.stderr)
         return 2
