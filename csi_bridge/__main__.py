@@ -162,7 +162,6 @@ def api_client(kubeconfig: str | None):
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from bundle import jsonlog
-    from .server import Bridge, BridgeConfig
 
     jsonlog.configure(args.log_level)
     log = logging.getLogger("resident.bridge")
@@ -170,21 +169,27 @@ def main(argv: list[str] | None = None) -> int:
     if not args.node_id:
         print("resident bridge: --node-id (or NODE_NAME) is required", file=sys.stderr)
         return 2
-    peers = None
     if args.peer_port >= 0:
-        from .peering import PeerSettings
         missing = [f for f in ("peer_namespace", "peer_selector", "peer_account") if not getattr(args, f)]
         if missing:
             print(f"resident bridge: peer delivery (--peer-port) needs {', '.join('--' + m.replace('_', '-') for m in missing)}",
                   file=sys.stderr)
             return 2
-        peers = PeerSettings(address=args.peer_address, port=args.peer_port, namespace=args.peer_namespace,
-                             selector=args.peer_selector, account=args.peer_account,
-                             token_file=args.peer_token_file, audience=args.peer_audience,
-                             max_transfers=args.peer_max_transfers, rate=args.peer_rate)
-    needs_api = args.authorize == "api" or args.deliveries or peers is not None
-    bridge = None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    sockets = bridge = None
     try:
+        # First what kubelet dials, with only gRPC loaded: it can register the driver now,
+        # and the volume calls it makes meanwhile wait for the bridge (sockets.py).
+        from .sockets import Sockets
+        sockets = Sockets(args.endpoint, args.node_id, args.registration_dir, args.kubelet_endpoint).start()
+        from .peering import PeerSettings
+        from .server import Bridge, BridgeConfig
+        peers = None if args.peer_port < 0 else PeerSettings(
+            address=args.peer_address, port=args.peer_port, namespace=args.peer_namespace,
+            selector=args.peer_selector, account=args.peer_account, token_file=args.peer_token_file,
+            audience=args.peer_audience, max_transfers=args.peer_max_transfers, rate=args.peer_rate)
         bridge = Bridge(BridgeConfig(
             endpoint=args.endpoint, node_id=args.node_id, root=args.root,
             authorize=args.authorize, authorize_file=args.authorize_file, connect_later=True,
@@ -200,17 +205,17 @@ def main(argv: list[str] | None = None) -> int:
             orphan_grace_seconds=args.orphan_grace,
             delivery_retry_seconds=args.delivery_retry_seconds,
             delivery_retry_max_seconds=args.delivery_retry_max_seconds,
-            pods_dir=args.pods_dir, peers=peers, source_proxy=args.source_proxy or None))
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-        bridge.start()   # kubelet can register the driver from here on
+            pods_dir=args.pods_dir, peers=peers, source_proxy=args.source_proxy or None), sockets=sockets)
+        bridge.start()
         # Only now the Kubernetes client (seconds of imports); a publish waits for it.
+        needs_api = args.authorize == "api" or args.deliveries or peers is not None
         bridge.connect(api_client(args.kubeconfig) if needs_api else None)
     except ValueError as e:
         print(f"resident bridge: {e}", file=sys.stderr)
         if bridge is not None:
             bridge.stop(grace=0)
+        elif sockets is not None:
+            sockets.stop(grace=0)
         return 2
     if bridge.metrics_port is not None:
         log.info("metrics", extra={"target": f"http://{args.metrics_address}:{bridge.metrics_port}/metrics"})

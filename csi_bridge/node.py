@@ -1,10 +1,9 @@
-"""CSI Node service: thin gRPC handlers over the argument checks and the publisher.
+"""CSI Node service, the volume calls: thin handlers over the argument checks and the publisher.
 
 Each handler validates its request (``arguments``; publish and unpublish targets must lie
 under kubelet's pods directory when one is configured), calls the publisher, and turns a
-:class:`CsiError` into ``context.abort(code, message)``. Staging is not offered, so
-NodeStageVolume/NodeUnstageVolume/NodeExpandVolume answer UNIMPLEMENTED (the generated
-base class does that). The only capability advertised is GET_VOLUME_STATS.
+:class:`CsiError` into ``context.abort(code, message)``. kubelet reaches them through
+:class:`.sockets.HeldNode`, which answers NodeGetInfo and NodeGetCapabilities itself.
 """
 
 from __future__ import annotations
@@ -15,31 +14,19 @@ import time
 import grpc
 
 from . import arguments
-from .proto import csi_pb2, csi_pb2_grpc
+from .proto import csi_pb2
 from .publisher import Publisher
 from .status import CsiError
 
 log = logging.getLogger("resident.bridge.node")
-RPC = csi_pb2.NodeServiceCapability.RPC
-KUBELET_TIMEOUT_SECONDS = 120
 
 
-class NodeServicer(csi_pb2_grpc.NodeServicer):
-    def __init__(self, publisher: Publisher, node_id: str, publish_wait_seconds: float = 100.0,
-                 pods_dir=None):
-        if not node_id:
-            raise ValueError("node id is required (--node-id or NODE_NAME)")
-        self.publisher, self.node_id = publisher, node_id
+class NodeServicer:
+    def __init__(self, publisher: Publisher, publish_wait_seconds: float = 100.0, pods_dir=None):
+        self.publisher = publisher
         self.pods_dir = None if pods_dir is None else str(pods_dir)  # targets must lie under it
         self.publish_wait_seconds = publish_wait_seconds
         self.metrics = publisher.metrics
-
-    def NodeGetCapabilities(self, request, context):
-        return csi_pb2.NodeGetCapabilitiesResponse(capabilities=[
-            csi_pb2.NodeServiceCapability(rpc=RPC(type=RPC.GET_VOLUME_STATS))])
-
-    def NodeGetInfo(self, request, context):
-        return csi_pb2.NodeGetInfoResponse(node_id=self.node_id, max_volumes_per_node=0)
 
     def NodePublishVolume(self, request, context):
         start, result = time.monotonic(), "error"

@@ -2,49 +2,39 @@
 
 ``Bridge(config)`` opens the node store (``<root>/store``), the bridge database
 (``<root>/bridge.db``) and the volume directories (``<root>/volumes``), all on one
-filesystem so revision trees can be hardlinks. ``start()`` reconciles first, then serves
-CSI on the unix socket (a stale socket file is removed before binding; the socket is
-mode 0660, for root and the process's group), optionally the kubelet registration
-socket, ``/metrics`` and ``/healthz`` (:mod:`.endpoints`, on 127.0.0.1 unless told
-otherwise). ``connect(api_client)`` then adds what needs the API server: namespace
-authorization, the orphan sweep, peers and the BundleDelivery watch. ``start()`` calls it
-itself when the config carries a client; with ``connect_later`` the caller does, after
-kubelet could already register the driver (the process entry point: importing the
-Kubernetes client takes seconds, and a mount kubelet tries before the driver is
-registered fails and doubles its wait). ``stop()`` stops everything in reverse order;
-mounts stay (they belong to the Pods).
+filesystem so revision trees can be hardlinks. ``start()`` serves kubelet's sockets
+(:mod:`.sockets`, unless the caller already does: the process entry point serves them
+before it imports the rest), reconciles, then hands the sockets the Node service; then
+``/metrics`` and ``/healthz`` (:mod:`.endpoints`, on 127.0.0.1 unless told otherwise).
+``connect(api_client)`` then adds what needs the API server: namespace authorization,
+the orphan sweep, peers and the BundleDelivery watch. ``start()`` calls it itself when
+the config carries a client; with ``connect_later`` the caller does, after kubelet could
+already register the driver (importing the Kubernetes client takes seconds, and a mount
+kubelet tries before the driver is registered fails and doubles its wait). ``stop()``
+stops everything in reverse order; mounts stay (they belong to the Pods).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
-from . import endpoints, logs
+from . import endpoints
 from .authorization import Authorizer, AwaitedPolicy, make_authorizer
 from .collection import Collector
-from .identity import DRIVER_NAME, IdentityServicer
 from .liveness import LivenessCheck
 from .locks import VolumeLocks
 from .metrics import BridgeMetrics
 from .node import NodeServicer
 from .peering import PeerSettings, Peering
-from .proto import csi_pb2_grpc, pluginregistration_pb2_grpc
 from .publisher import Publisher
 from .reconcile import Report, reconcile
-from .registration import RegistrationServicer
+from .sockets import Sockets
 from .state import BridgeState
 
 log = logging.getLogger("resident.bridge")
-VERSION = "0.1.0"
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL
-SOCKET_MODE = 0o660    # owner (root: kubelet) and the process's group (the non-root sidecars)
 
 
 @dataclass
@@ -79,35 +69,8 @@ class BridgeConfig:
     extra: dict = field(default_factory=dict)
 
 
-def socket_path(endpoint: str) -> Path:
-    if not endpoint.startswith("unix://"):
-        raise ValueError(f"endpoint {endpoint!r} must be unix:///absolute/path")
-    path = Path(endpoint.removeprefix("unix://"))
-    if not path.is_absolute():
-        raise ValueError(f"endpoint {endpoint!r} must name an absolute socket path")
-    check_socket_length(path)
-    return path
-
-
-def check_socket_length(path: Path) -> None:
-    if len(str(path).encode()) > MAX_SOCKET_PATH:
-        raise ValueError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes, the limit "
-                         "of a unix socket address; choose a shorter directory")
-
-
-def remove_stale_socket(path: Path) -> None:
-    """Remove a leftover socket file; refuse to delete anything that is not a socket."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ValueError(f"{path} exists and is not a socket; refusing to replace it")
-    os.unlink(path)
-
-
 class Bridge:
-    def __init__(self, config: BridgeConfig):
+    def __init__(self, config: BridgeConfig, sockets: Sockets | None = None):
         from functools import partial
 
         from bundle.sources import open_source
@@ -115,7 +78,9 @@ class Bridge:
         from prometheus_client import REGISTRY, CollectorRegistry
 
         self.config = c = config
-        self.socket = socket_path(c.endpoint)
+        self.sockets = sockets or Sockets(c.endpoint, c.node_id, c.registration_dir, c.kubelet_endpoint,
+                                          c.workers)
+        self.socket = self.sockets.socket
         c.root = Path(c.root)
         c.root.mkdir(parents=True, exist_ok=True)
         self.store = Store(c.root / "store")
@@ -139,12 +104,8 @@ class Bridge:
         self.publisher.gc_guard = self.collector.guard
         self.publisher.collect = self.collector.collect
         self.metrics.watch_store(self.store, self.collector)
-        self.identity = IdentityServicer(VERSION, self.health)
-        self.node = NodeServicer(self.publisher, c.node_id, c.publish_wait_seconds, c.pods_dir)
-        self.registration: RegistrationServicer | None = None
-        self.registration_socket: Path | None = None
+        self.node = NodeServicer(self.publisher, c.publish_wait_seconds, c.pods_dir)
         self.reconciled: Report | None = None
-        self._servers: list[grpc.Server] = []
         self.liveness: LivenessCheck | None = None
         self.listeners: dict[str, endpoints.Listener] = {}  # path → its HTTP listener
         self.watcher = None
@@ -172,34 +133,12 @@ class Bridge:
             return f"bridge database unusable: {e}"
         return None
 
-    def _grpc_server(self, path: Path) -> grpc.Server:
-        check_socket_length(path)
-        remove_stale_socket(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.workers),
-                             interceptors=[logs.CallLogger(self.metrics)])
-        server.add_insecure_port(f"unix://{path}")
-        return server
-
     def start(self) -> "Bridge":
         c = self.config
+        if not self.sockets.serving:
+            self.sockets.start()
         self.reconciled = reconcile(self.publisher, self.state, self.volumes_root)
-        server = self._grpc_server(self.socket)
-        csi_pb2_grpc.add_IdentityServicer_to_server(self.identity, server)
-        csi_pb2_grpc.add_NodeServicer_to_server(self.node, server)
-        server.start()
-        os.chmod(self.socket, SOCKET_MODE)
-        self._servers.append(server)
-        if c.registration_dir is not None:
-            from .registration import remove_earlier_sockets, socket_name
-            self.registration = RegistrationServicer(DRIVER_NAME, c.kubelet_endpoint or str(self.socket))
-            remove_earlier_sockets(Path(c.registration_dir), DRIVER_NAME)   # before ours appears
-            reg_socket = self.registration_socket = Path(c.registration_dir) / socket_name(DRIVER_NAME)
-            reg = self._grpc_server(reg_socket)
-            pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
-            reg.start()
-            os.chmod(reg_socket, SOCKET_MODE)
-            self._servers.append(reg)
+        self.sockets.attach(self.node, self.health, self.metrics)
         http: dict[str, tuple[int, endpoints.App]] = {}
         if c.metrics_port is not None:
             from prometheus_client import make_wsgi_app
@@ -257,12 +196,7 @@ class Bridge:
         self.listeners = {}
         if self.liveness is not None:
             self.liveness.close()
-        if self.registration_socket is not None:   # kubelet unregisters the driver
-            self.registration_socket.unlink(missing_ok=True)
-            self.registration_socket = None
-        for server in reversed(self._servers):
-            server.stop(grace).wait()
-        self._servers.clear()
+        self.sockets.stop(grace)
         self.state.close()
 
     def __enter__(self) -> "Bridge":

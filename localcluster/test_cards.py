@@ -47,7 +47,7 @@ from pathlib import Path
 
 import grpc
 
-from csi_bridge.server import remove_stale_socket
+from csi_bridge.sockets import remove_stale_socket
 
 from .proto import deviceplugin_pb2 as pb, deviceplugin_pb2_grpc as pb_grpc
 

@@ -17,7 +17,8 @@ import pytest
 
 from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2, pluginregistration_pb2 as reg_pb, pluginregistration_pb2_grpc as reg_grpc
-from csi_bridge.server import Bridge, BridgeConfig, remove_stale_socket
+from csi_bridge.server import Bridge, BridgeConfig
+from csi_bridge.sockets import Sockets, remove_stale_socket
 from polling import wait_for
 from testkit.bridge import REPO_ROOT, BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
 
@@ -159,6 +160,45 @@ def test_deny_policy_refuses_every_publish(tmp_path):
     finally:
         bridge.stop()
     assert not (tmp_path / "t").exists() and mountinfo.mounts_under(tmp_path) == []
+
+
+def test_kubelets_sockets_answer_registration_before_the_bridge_exists_and_hold_volume_calls(short_tmp):
+    """What kubelet's plugin registration asks is answered with only gRPC loaded; a volume
+    call waits for the bridge (within its deadline) and then gets the bridge's answer."""
+    tmp_path = short_tmp
+    digest = make_bundle(tmp_path / "src", {"graph.onnx": b"g"})
+    sockets = Sockets(f"unix://{tmp_path}/csi.sock", "node-a", registration_dir=tmp_path / "reg",
+                      wait_seconds=30).start()
+    bridge = None
+    try:
+        (reg_socket,) = (tmp_path / "reg").glob("bundles.resident.dev-*-reg.sock")
+        with grpc.insecure_channel(f"unix://{reg_socket}") as ch:
+            assert reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=5).endpoint == \
+                str(tmp_path / "csi.sock")
+        with CsiClient(tmp_path / "csi.sock") as c:
+            assert c.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=5).node_id == "node-a"
+            assert c.node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest(), timeout=5).capabilities
+            resp, call = c.identity.Probe.with_call(csi_pb2.ProbeRequest(), timeout=5)
+            assert resp.ready.value is False
+            assert "starting" in dict(call.trailing_metadata())["not-ready-reason"]
+            request = publish_request("v", tmp_path / "t", digest, f"file://{tmp_path}/src")
+            with pytest.raises(grpc.RpcError) as e:     # no bridge yet: held, then refused in time
+                c.node.NodePublishVolume(request, timeout=2)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "starting" in e.value.details()
+            bridge = Bridge(BridgeConfig(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-a",
+                                         root=tmp_path / "data", authorize="allow-any", private_metrics=True),
+                            sockets=sockets).start()
+            assert c.identity.Probe(csi_pb2.ProbeRequest(), timeout=5).ready.value is True
+            c.node.NodePublishVolume(request, timeout=30)
+            assert (tmp_path / "t" / "current" / "graph.onnx").read_bytes() == b"g"
+            c.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(volume_id="v", target_path=str(tmp_path / "t")),
+                                       timeout=30)
+    finally:
+        if bridge is not None:
+            bridge.stop()
+        else:
+            sockets.stop()
+    assert not list((tmp_path / "reg").glob("*.sock")) and mountinfo.mounts_under(tmp_path) == []
 
 
 def test_a_bridge_registers_before_it_has_an_api_client_and_a_publish_waits_for_it(short_tmp):
