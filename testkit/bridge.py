@@ -101,9 +101,10 @@ class BridgeProcess:
 
     def start(self, env: dict | None = None, timeout: float = 30.0,
               crash_at: str | None = None) -> "BridgeProcess":
-        """Start the bridge and wait until it serves; with ``crash_at``, armed to exit at
+        """Start the bridge and wait until all of it serves; with ``crash_at``, armed to exit at
         that crash point (:mod:`testkit.crash_points`), which a test sees in :meth:`wait_exit`."""
         self.root.mkdir(parents=True, exist_ok=True)
+        logged = self.log.stat().st_size if self.log.exists() else 0
         args, env = self.args, {**self.env, **(env or {})}
         if crash_at is not None:
             args = [args[0], "-m", "testkit.crash_points", *args[3:]]
@@ -115,13 +116,9 @@ class BridgeProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"bridge exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            if self.socket.exists():
-                with CsiClient(self.socket) as c:
-                    try:
-                        c.wait_ready(2)
-                        return self
-                    except grpc.FutureTimeoutError:
-                        pass
+            # kubelet's sockets serve first; the process is whole once it logs "bridge connected"
+            if self.socket.exists() and b'"bridge connected"' in self.log.read_bytes()[logged:]:
+                return self
             time.sleep(0.05)
         raise RuntimeError(f"bridge did not serve {self.socket} in {timeout}s")
 

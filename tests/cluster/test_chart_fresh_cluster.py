@@ -258,6 +258,13 @@ def can_connect_as(path: str, uid: int, gid: int) -> bool:
     return code == 0
 
 
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).ok
+    except requests.ConnectionError:
+        return False
+
+
 def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
     """The DaemonSet's plugin command and args, with its paths under a scratch
     directory, its runAsGroup, and the bridge ServiceAccount's token."""
@@ -284,7 +291,10 @@ def test_bridge_as_its_service_account_serves_deliveries(fresh, processes):
         assert socket_path.stat().st_mode & 0o777 == 0o660 and socket_path.stat().st_gid == group
         assert can_connect_as(str(socket_path), 65532, group)
         assert not can_connect_as(str(socket_path), 65532, 65532)
-        assert "resident_" in requests.get(f"http://127.0.0.1:{fresh.ports['bridge']}/metrics", timeout=5).text
+        # kubelet's sockets serve first, /metrics once the rest of the bridge has started
+        metrics = f"http://127.0.0.1:{fresh.ports['bridge']}/metrics"
+        wait_for(alive(proc, lambda: _answers(metrics)), timeout=45, what="/metrics", every=0.3)
+        assert "resident_" in requests.get(metrics, timeout=5).text
         # kubelet's liveness probe, as the chart's builtin registration mode sets it: the bridge's
         # own /healthz, which makes a CSI Probe call on its socket
         healthz = next(a for a in args if a.startswith("--healthz-port=")).split("=", 1)[1]
