@@ -7,8 +7,8 @@ filesystem so revision trees can be hardlinks. ``start()`` serves kubelet's sock
 before it imports the rest), reconciles, then hands the sockets the Node service; then
 ``/metrics`` and ``/healthz`` (:mod:`.endpoints`, on 127.0.0.1 unless told otherwise).
 ``connect(api_client)`` then adds what needs the API server: namespace authorization,
-the orphan sweep, peers and the BundleDelivery watch. ``start()`` calls it itself when
-the config carries a client; with ``connect_later`` the caller does, after kubelet could
+the orphan sweep, peers and the BundleDelivery watch. ``start()`` calls it itself with
+the config's client (None: no API access); with ``connect_later`` the caller does, after kubelet could
 already register the driver (importing the Kubernetes client takes seconds, and a mount
 kubelet tries before the driver is registered fails and doubles its wait). ``stop()``
 stops everything in reverse order; mounts stay (they belong to the Pods).

@@ -117,8 +117,11 @@ class BridgeProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"bridge exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             # kubelet's sockets serve first; the process is whole once it logs "bridge connected"
-            if self.socket.exists() and b'"bridge connected"' in self.log.read_bytes()[logged:]:
-                return self
+            if self.socket.exists():
+                with open(self.log, "rb") as log:
+                    log.seek(logged)
+                    if b'"bridge connected"' in log.read():
+                        return self
             time.sleep(0.05)
         raise RuntimeError(f"bridge did not serve {self.socket} in {timeout}s")
 
