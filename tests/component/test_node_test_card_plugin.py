@@ -202,8 +202,15 @@ def test_an_unknown_device_or_an_empty_request_is_a_clear_grpc_error(kubelet, pl
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_after_a_kubelet_restart_the_plugin_serves_and_registers_again(kubelet, plugin):
+def registered_once(kubelet: Kubelet, plugin: PluginThread) -> None:
+    """The first registration, answered: kubelet queues the request before its answer
+    reaches the plugin, and stopping kubelet in between cancels the answer."""
     kubelet.next_registration()
+    wait_for(lambda: plugin.plugin.registrations == 1, timeout=5, what="the plugin to count its registration")
+
+
+def test_after_a_kubelet_restart_the_plugin_serves_and_registers_again(kubelet, plugin):
+    registered_once(kubelet, plugin)
     first_socket = socket_identity(plugin.cards.socket_path)
     fresh = kubelet.restart_as_kubelet_does()
     try:
@@ -219,7 +226,7 @@ def test_after_a_kubelet_restart_the_plugin_serves_and_registers_again(kubelet, 
 
 
 def test_a_new_kubelet_sock_alone_is_enough_to_register_again(kubelet, plugin):
-    kubelet.next_registration()
+    registered_once(kubelet, plugin)
     kubelet.stop()
     kubelet.socket.unlink(missing_ok=True)
     fresh = Kubelet(kubelet.directory).start()     # the plugin's socket is left in place
