@@ -24,6 +24,7 @@ watches, RBAC and admission (Pod Security included) are what a cluster would do.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import secrets
 import shutil
@@ -58,8 +59,10 @@ NODE_MONITOR_GRACE_SECONDS = 20
 class ControlPlane:
     def __init__(self, state_dir: Path | None = None, extra_apiserver_flags: list[str] = (),
                  node_names: list[str] = (), extra_users: dict[str, str] | None = None,
-                 version: str | None = None, advertise_address: str | None = None):
+                 version: str | None = None, advertise_address: str | None = None,
+                 audit_policy: str | None = None):
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="resident-cp-"))
+        self.audit_policy = audit_policy   # an audit.k8s.io/v1 Policy: the API server logs to audit_log
         self.version = version or kubernetes_version()
         self.extra_apiserver_flags = list(extra_apiserver_flags)
         self.advertise_address = advertise_address
@@ -115,6 +118,7 @@ class ControlPlane:
             f"--service-cluster-ip-range={SERVICE_RANGE}",
             "--allow-privileged=true",
             *self._kubelet_facing_flags(),
+            *self._audit_flags(),
             *self.extra_apiserver_flags,
         ])
         self.write_kubeconfig(self.kubeconfig, self.token, "admin")
@@ -159,6 +163,32 @@ class ControlPlane:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    # -- the audit log ---------------------------------------------------------------
+    @property
+    def audit_log(self) -> Path:
+        return self.state_dir / "audit.log"
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audit_policy:
+            return []
+        policy = self.state_dir / "audit-policy.yaml"
+        policy.write_text(self.audit_policy)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-maxsize=500"]
+
+    def audit_entries(self, since: float = 0.0) -> list[dict]:
+        """The audit log's entries received at or after ``since`` (epoch seconds), each once
+        (a request logged at two stages keeps its last)."""
+        from datetime import datetime
+        entries: dict[str, dict] = {}
+        if self.audit_log.exists():
+            for line in self.audit_log.read_text().splitlines():
+                e = json.loads(line)
+                received = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00"))
+                if received.timestamp() >= since:
+                    entries[e["auditID"]] = e
+        return list(entries.values())
 
     # -- set-up pieces ---------------------------------------------------------------
     def _make_credentials(self) -> None:

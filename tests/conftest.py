@@ -17,6 +17,20 @@ from pathlib import Path
 import pytest
 
 LAYERS = ("unit", "component", "cluster", "e2e")
+# The session's API server logs every write of a workload's ServiceAccount (the chart's
+# operator and bridge in the cluster tests; not the control plane's own controllers), so
+# a test can count what a component wrote (``ControlPlane.audit_entries``).
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: None
+    userGroups: ["system:serviceaccounts:kube-system"]
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+    verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  - level: None
+"""
 _started: dict = {}
 
 
@@ -32,7 +46,7 @@ def cluster():
     """A real control plane (etcd, kube-apiserver, controller-manager, scheduler) with our CRDs."""
     from localcluster.controlplane import ControlPlane
 
-    cp = ControlPlane()
+    cp = ControlPlane(audit_policy=AUDIT_POLICY)
     with cp:
         cp.install_crds()
         previous = os.environ.get("KUBECONFIG")

@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -132,20 +133,22 @@ def rss_mib(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024
 
 
-def audited_requests(log: Path, since: float, until: float, verbs: set[str] | None = None) -> int:
-    """Requests by USER received in [since, until) (epoch seconds), each counted once; only
-    those of ``verbs`` if given."""
-    seen = set()
+def audited_requests(log: Path, since: float, until: float, verbs: set[str] | None = None) -> Counter:
+    """Requests by USER received in [since, until) (epoch seconds), each counted once, by
+    ``verb resource[/subresource]``; only those of ``verbs`` if given."""
+    seen: dict[str, str] = {}
     if not log.exists():
-        return 0
+        return Counter()
     for line in log.read_text().splitlines():
         e = json.loads(line)
         if (e.get("user") or {}).get("username") != USER or (verbs and e.get("verb") not in verbs):
             continue
         t = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
         if since <= t < until:
-            seen.add(e["auditID"])
-    return len(seen)
+            ref = e.get("objectRef") or {}
+            what = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            seen[e["auditID"]] = f"{e.get('verb')} {what}"
+    return Counter(seen.values())
 
 
 def apiserver_requests(cp) -> float:
@@ -206,7 +209,7 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
         time.sleep(settle)
         t1, cpu1, req1 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
         rss = rss_mib(proc.pid)
-        own = audited_requests(Path(cp.state_dir) / "audit.log", t0, t1)
+        own = audited_requests(Path(cp.state_dir) / "audit.log", t0, t1).total()
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -222,7 +225,8 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
     minutes = (t1 - t0) / 60
     return {"converge_seconds": converge, "settle_seconds": t1 - t0, "cpu_fraction": (cpu1 - cpu0) / (t1 - t0),
             "rss_mib": rss, "operator_requests": own, "requests_per_model_minute": own / models / minutes,
-            "apiserver_requests_total_delta": req1 - req0, "creation_writes_per_model": writes / models}
+            "apiserver_requests_total_delta": req1 - req0, "creation_writes_per_model": writes.total() / models,
+            "creation_writes_by_request": {k: n / models for k, n in sorted(writes.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:

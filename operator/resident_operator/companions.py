@@ -27,7 +27,7 @@ def ensure_companion(ctx: ModelContext, state: ModelState, wanted: dict[str, Any
     if obj is None:
         obj = create_child(ctx, state, wanted)
         if obj is not None:
-            ctx.event(f"{kind}Created", f"created {kind} {name}")
+            ctx.child_created(f"{kind}Created", f"{kind} {name}")
     elif not ch.is_recorded(state.children, obj):
         if adoptable(obj, ctx.uid):
             state.record_child(dict(obj, kind=kind, apiVersion=wanted["apiVersion"]))

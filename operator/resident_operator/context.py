@@ -69,11 +69,34 @@ class ModelContext:
     sources: SourceProbes | None = None   # the operator's open source probes; None: none shared
     owner_calls: "OwnerCalls | None" = None   # the operator's gate for owner calls (owner_client.py)
 
+    created: list[tuple[str, str]] = field(default_factory=list)   # (reason, what) since the last Event
+
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """A Kubernetes Event on the model (for humans) plus a structured log line."""
         log.log(logging.WARNING if warning else logging.INFO, message,
                 extra={"model": f"{self.namespace}/{self.name}", "reason": reason})
         self.post_event(reason, message, warning)
+
+    def child_created(self, reason: str, what: str) -> None:
+        """A child this pass created: logged now, told in the pass's one Event of what it
+        created (:meth:`announce_created`)."""
+        log.info(f"created {what}", extra={"model": f"{self.namespace}/{self.name}", "reason": reason})
+        self.created.append((reason, what))
+
+    def announce_created(self) -> None:
+        """One Event for every child created since the last: a model's first pass creates
+        five (its owner Pods, token Secret, Service, budget and policy), and one Event each
+        would be five writes. The reason is the one child's own (``OwnerPodCreated``,
+        ``ServiceCreated``...), ``OwnerPodCreated`` whenever an owner Pod is among them,
+        else ``ChildrenCreated``."""
+        if not self.created:
+            return
+        reasons = [reason for reason, _ in self.created]
+        reason = (reasons[0] if len(set(reasons)) == 1 else
+                  "OwnerPodCreated" if "OwnerPodCreated" in reasons else "ChildrenCreated")
+        message = "created " + ", ".join(what for _, what in self.created)
+        self.created = []
+        self.post_event(reason, message, False)
 
     @property
     def selector(self) -> str:

@@ -1,7 +1,7 @@
 """The kopf handlers: thin, typed, and all funnelled into one driver per model.
 
 - ``configure`` (startup) is the one place settings are applied: finalizer name,
-  annotation-based progress storage, server-side label selectors for the children's
+  annotation-based progress storage, no diff-base (:class:`NoDiffBase`), server-side label selectors for the children's
   watches, event posting level, the API client, the pass pool, the gate of owner calls
   (``owner_client.OwnerCalls``), the source-probe HTTP session and the cluster-wide
   orphan sweep (on a thread of its own).
@@ -73,6 +73,19 @@ class Runtime:
         self.sources = SourceProbes()   # one probe per source that is down, shared by its models
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """What kopf remembers of the last spec it handled, to tell a creation from an update:
+    nothing here. This operator has no creation or update handler (each model's daemon
+    reads the spec at every pass; the delete handler is told by deletionTimestamp), so the
+    annotation kopf would write at every creation and spec edit is one write for nothing."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence:
+        return self.build(body=body)   # as if handled already: no change to tell
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        pass
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     rt = Runtime(settings_from_env())
@@ -81,8 +94,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.runtime = rt
     settings.persistence.finalizer = naming.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="resident.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="resident.dev", key="last-handled-configuration")
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Only our children are watched: the API server filters them by label.
     for plural in ("pods", "secrets", "services", "poddisruptionbudgets", "networkpolicies"):
         settings.watching.label_selectors[plural] = naming.LABEL_MODEL_UID

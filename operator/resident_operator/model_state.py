@@ -7,9 +7,10 @@ transition in flight (``transition``), the one queued behind it (``pendingTransi
 the last finished one (``lastTransition``). :class:`ModelState` reads them once per pass
 and writes each change to the API server immediately, so "record before depend" holds:
 a child's UID is stored before the next step relies on it. Inside :meth:`ModelState.together`
-the changes of one step (a child created and the progress that names it) go out as one
-status write when the step ends; a crash between the create and that write leaves a child
-labelled with the model's UID that the next pass adopts (``owners.create_child``).
+the changes of one step (a child created and the progress that names it, or a pass's
+children and the status it derived, :meth:`ModelState.report`) go out as one status write
+when the step ends; a crash between the create and that write leaves a child labelled with
+the model's UID that the next pass adopts (``owners.create_child``).
 
 **Every write is conditional** on the model's ``resourceVersion`` this state was computed
 from (a merge patch carrying ``metadata.resourceVersion``). Two operators can write the same
@@ -21,6 +22,8 @@ model again and :func:`rebase` replays what this write meant onto the fresh stat
 - ``children``: the UIDs this pass recorded are added and those it forgot are removed,
   whatever the other writer recorded is kept (records are a set, merged by UID);
 - ``incarnations``: per slot, the higher counter wins (a counter only ever moves on);
+- what a pass derives (``conditions``, ``phase``, ``owners``...) is written as this pass
+  saw it: the next pass derives it again;
 - the progress fields (``bundle``, ``transition``, ``pendingTransition``,
   ``lastTransition``) are compare-and-set: written if the fresh value is still the one
   this pass started from, else another writer moved them and this pass's view is stale.
@@ -107,6 +110,8 @@ def rebase(base: dict[str, Any], fresh: dict[str, Any], wanted: dict[str, Any]
             for slot, n in (value or {}).items():
                 merged[slot] = max(int(n), merged.get(slot, 0))
             patch[key] = merged
+        elif key not in PROGRESS:   # derived (conditions, owners, phase...): this pass's view
+            patch[key] = value
         elif fresh.get(key) == base.get(key):
             patch[key] = value
         elif fresh.get(key) != value:    # already as wanted: nothing lost either way
@@ -209,6 +214,12 @@ class ModelState:
             self.pending = status.get("pendingTransition") or None
         if "lastTransition" not in keep:
             self.last_transition = status.get("lastTransition") or None
+
+    # -- what a pass derives ----------------------------------------------------------
+    def report(self, fields: dict[str, Any]) -> None:
+        """Write the status a pass derived (conditions, phase, owners...): with what the
+        pass holds, if it holds anything, so a pass that created children writes once."""
+        self._patch(fields)
 
     # -- children ------------------------------------------------------------------
     def record_child(self, obj: dict[str, Any]) -> None:

@@ -67,7 +67,7 @@ def ensure_token(ctx: ModelContext, state: ModelState) -> str:
         created = create_child(ctx, state, build_token_secret(ctx.name, ctx.uid, new_token()))
         if created is None:
             raise kopf.TemporaryError(f"Secret {name} is taken by another object", delay=10)
-        ctx.event("TokenSecretCreated", f"created owner token Secret {name}")
+        ctx.child_created("TokenSecretCreated", f"owner token Secret {name}")
         secret = ctx.kube.get(ctx.namespace, "Secret", name) or created
     else:
         state.record_child(secret)
@@ -126,8 +126,8 @@ def ensure_owner_pods(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         fresh = any(int(p["metadata"]["labels"].get(naming.LABEL_SLOT, -1)) == slot for p in pods)
         pod = create_owner_pod(ctx, state, spec, slot, revision[0], revision[1],
                                new_incarnation=fresh)
-        ctx.event("OwnerPodCreated", f"created owner Pod {pod['metadata']['name']} (slot {slot}) "
-                                     f"on bundle {revision[0]}")
+        ctx.child_created("OwnerPodCreated", f"owner Pod {pod['metadata']['name']} (slot {slot}) "
+                                             f"on bundle {revision[0]}")
         pods.append(pod)
     for slot, p in sorted(live.items()):
         if slot >= spec.replicas and slot not in managed_slots:

@@ -95,6 +95,8 @@ def _reconcile(ctx: ModelContext) -> None:
         ctx.follow_up.recheck_in(ERROR_RETRY_SECONDS)
         _report_failure(ctx, e)
         return
+    finally:
+        ctx.announce_created()   # one Event for the children the pass created, also if it failed
     metrics.RECONCILES.labels(result=outcome).inc()
 
 

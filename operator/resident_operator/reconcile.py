@@ -13,8 +13,9 @@ source must hold ``spec.bundle`` (``source_check.py``); until it does, the pass 
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from . import conditions as c
 from . import metrics, naming
@@ -65,21 +66,25 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
         spec, problems = None, [str(e)]
     if problems:
         replicas = raw.get("replicas") if isinstance(raw.get("replicas"), int) else 0
-        report(ctx, derive_status(replicas=replicas, owners=[], problems=problems,
+        report(ctx, state, derive_status(replicas=replicas, owners=[], problems=problems,
                                   transition=state.transition, last_transition=state.last_transition,
                                   blocker=None, desired_digest=""))
         return INVALID, "; ".join(problems)
     assert spec is not None
-    blocked = check_first_placement(ctx, state, spec)
-    if blocked is not None:   # nothing is created until the source holds spec.bundle
-        report(ctx, derive_status(replicas=spec.replicas, owners=[], problems=[], transition=None,
-                                  last_transition=state.last_transition, blocker=blocked,
-                                  desired_digest=spec.bundle.digest))
-        return BLOCKED, blocked.message
-    # The children this pass creates are recorded in one status write at the end of the
-    # block (also on an error). A crash before it loses no child: each has a deterministic
-    # name, so the next pass's create answers 409 and adopts it (owners.create_child).
-    with state.together():
+    # What this pass writes before a transition step (the first placement's revision, the
+    # children it creates and their records, the status it derives) goes out as one status
+    # write: at the report, or before the transition step, which saves its progress step
+    # by step. A crash before the write loses no child: each has a deterministic name and
+    # the model's UID label, so the next pass's create answers 409 and adopts it
+    # (owners.create_child).
+    with ExitStack() as held:
+        held.enter_context(state.together())
+        blocked = check_first_placement(ctx, state, spec)
+        if blocked is not None:   # nothing is created until the source holds spec.bundle
+            report(ctx, state, derive_status(replicas=spec.replicas, owners=[], problems=[], transition=None,
+                                             last_transition=state.last_transition, blocker=blocked,
+                                             desired_digest=spec.bundle.digest))
+            return BLOCKED, blocked.message
         ctx.token = ctx.token or ensure_token(ctx, state)   # known from an earlier pass, else read
         t = state.transition
         managed = slots_in_hand(t) if t else set()
@@ -93,22 +98,24 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
             # '' (the name is taken) or a budget the disruption controller could not compute:
             # look again next pass
             ctx.endpoint = (endpoint or None) if budget_settled else None
-    views = observe_owners(ctx, pods, spec)
-    release_deliveries_of_gone_owners(ctx, state, pods)
-    if state.transition is None:
-        views = replace_broken_owners(ctx, state, spec, views)
-        views = roll_pod_template(ctx, state, spec, pods, views)
-    blocker = step_transition(ctx, state, spec, views)
-    metrics.set_transition_deadline(f"{ctx.namespace}/{ctx.name}",
-                                    step_deadline(state.transition, spec.transition.timeout_seconds))
-    derived = derive_status(replicas=spec.replicas, owners=views, problems=[],
-                            transition=state.transition, last_transition=state.last_transition,
-                            blocker=blocker, desired_digest=spec.bundle.digest)
-    live = sum(1 for v in views if not v.terminating)
-    derived = dict(derived, endpoint=endpoint or None, replicas=live, selector=naming.owner_selector(ctx.uid))
-    if state.transition is None:   # a transition owns the deliveries while it runs
-        derived = _with_stages(ctx, state, spec, views, derived)
-    report(ctx, derived)
+        views = observe_owners(ctx, pods, spec)
+        release_deliveries_of_gone_owners(ctx, state, pods)
+        if state.transition is None:
+            views = replace_broken_owners(ctx, state, spec, views)
+            views = roll_pod_template(ctx, state, spec, pods, views)
+        if state.transition is not None or spec.bundle.digest != state.bundle.get("digest"):
+            held.close()   # a transition runs or starts: its steps write as they go
+        blocker = step_transition(ctx, state, spec, views)
+        metrics.set_transition_deadline(f"{ctx.namespace}/{ctx.name}",
+                                        step_deadline(state.transition, spec.transition.timeout_seconds))
+        derived = derive_status(replicas=spec.replicas, owners=views, problems=[],
+                                transition=state.transition, last_transition=state.last_transition,
+                                blocker=blocker, desired_digest=spec.bundle.digest)
+        live = sum(1 for v in views if not v.terminating)
+        derived = dict(derived, endpoint=endpoint or None, replicas=live, selector=naming.owner_selector(ctx.uid))
+        if state.transition is None:   # a transition owns the deliveries while it runs
+            derived = _with_stages(ctx, state, spec, views, derived)
+        report(ctx, state, derived)
     return OK, ""
 
 
@@ -130,8 +137,9 @@ def _with_stages(ctx: ModelContext, state: ModelState, spec: ModelSpec, views: l
     return dict(derived, stage=stage, conditions=conditions)
 
 
-def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
-    """Write the derived status (keeping condition times) and post condition-change Events."""
+def report(ctx: ModelContext, state: ModelState, derived: dict[str, Any]) -> None:
+    """Write the derived status (keeping condition times) with what the pass holds, and post
+    condition-change Events."""
     patch = {
         "observedGeneration": ctx.body["metadata"].get("generation"), "phase": derived["phase"],
         "ready": derived["ready"], "identity": derived["identity"] or None, "owners": derived["owners"],
@@ -139,20 +147,26 @@ def report(ctx: ModelContext, derived: dict[str, Any]) -> None:
     for key in ("endpoint", "replicas", "selector", "stage"):   # not known when the spec is invalid
         if key in derived:
             patch[key] = derived[key]
-    write_status(ctx, derived["conditions"], patch)
+    write_status(ctx, derived["conditions"], patch, state.report)
     metrics.set_model_phase(f"{ctx.namespace}/{ctx.name}", derived["phase"])
 
 
-def write_status(ctx: ModelContext, conditions: list[dict[str, Any]], fields: dict[str, Any]) -> None:
+def write_status(ctx: ModelContext, conditions: list[dict[str, Any]], fields: dict[str, Any],
+                 write: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Merge ``conditions`` into the model's (keeping their times and the other types), post
-    an Event for each that changed, and patch them with ``fields`` unless nothing changed."""
+    an Event for each that changed, and write them with ``fields`` unless nothing changed:
+    with ``write`` (a pass's :meth:`~.model_state.ModelState.report`), else as a plain
+    merge patch (a failed pass, whose state may be the thing that failed)."""
     previous = (ctx.body.get("status") or {}).get("conditions") or []
     merged = c.merge_conditions(previous, conditions, now=datetime.now(timezone.utc),
                                 generation=ctx.body["metadata"].get("generation"))
     _announce_changes(ctx, previous, merged)
     patch = dict(fields, conditions=merged)
     if changed(ctx.body.get("status") or {}, patch):
-        ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
+        if write is not None:
+            write(patch)
+        else:
+            ctx.kube.patch_model_status(ctx.namespace, ctx.name, patch)
 
 
 def changed(status: dict[str, Any], patch: dict[str, Any]) -> bool:

@@ -142,6 +142,28 @@ def test_rebase_sets_progress_only_where_nobody_else_moved_it():
     assert rebase(base, same, {"transition": {"id": "t", "step": 3}}) == ({}, [])
 
 
+def test_a_pass_that_creates_children_writes_them_its_revision_and_its_report_once():
+    server = Server()
+    state = server.state()
+    with state.together():
+        state.commit_bundle("sha256:1", "file:///b")
+        state.record_child(child("secret"))
+        state.record_child(child("pod"))
+        state.report({"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]})
+    assert len(server.writes) == 1
+    assert sorted(server.writes[0]) == ["bundle", "children", "conditions", "phase"]
+    assert uids(server.status) == ["secret", "pod"] and server.status["phase"] == "Pending"
+
+
+def test_rebase_writes_what_a_pass_derived_as_it_saw_it():
+    base = {"children": [ref("a")]}
+    fresh = {"children": [ref("a"), ref("x")], "phase": "Ready", "conditions": [{"type": "Ready"}]}
+    wanted = {"children": [ref("a"), ref("mine")], "phase": "Pending", "conditions": []}
+    patch, superseded = rebase(base, fresh, wanted)
+    assert (patch["phase"], patch["conditions"], superseded) == ("Pending", [], [])
+    assert uids(patch) == ["a", "x", "mine"]
+
+
 def test_progress_another_writer_moved_ends_the_pass_but_its_records_are_written():
     server = Server({"transition": transition("t")})
     state = server.state()
