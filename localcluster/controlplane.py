@@ -174,8 +174,7 @@ class ControlPlane:
             return []
         policy = self.state_dir / "audit-policy.yaml"
         policy.write_text(self.audit_policy)
-        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
-                "--audit-log-maxsize=500"]
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}"]   # never rotated
 
     def audit_entries(self, since: float = 0.0) -> list[dict]:
         """The audit log's entries received at or after ``since`` (epoch seconds), each once

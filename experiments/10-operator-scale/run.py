@@ -128,27 +128,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_by_process(cp, operator: subprocess.Popen) -> dict[str, float]:
+    """CPU seconds so far of the operator and of each control-plane process: where a
+    convergence's time goes (etcd, kube-apiserver, ... or the operator itself)."""
+    procs = {name: p.pid for name, p in cp.processes.children} | {"operator": operator.pid}
+    return {name: cpu_seconds(pid) for name, pid in procs.items()}
+
+
 def rss_mib(pid: int) -> float:
     text = Path(f"/proc/{pid}/status").read_text()
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024
 
 
-def audited_requests(log: Path, since: float, until: float, verbs: set[str] | None = None) -> Counter:
-    """Requests by USER received in [since, until) (epoch seconds), each counted once, by
-    ``verb resource[/subresource]``; only those of ``verbs`` if given."""
-    seen: dict[str, str] = {}
-    if not log.exists():
-        return Counter()
-    for line in log.read_text().splitlines():
-        e = json.loads(line)
-        if (e.get("user") or {}).get("username") != USER or (verbs and e.get("verb") not in verbs):
+def audited_requests(cp, since: float, until: float, verbs: set[str] | None = None) -> Counter:
+    """Requests by USER received in [since, until) (epoch seconds), by ``verb
+    resource[/subresource]``; only those of ``verbs`` if given."""
+    counted = Counter()
+    for e in cp.audit_entries(since):
+        received = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        if (e.get("user") or {}).get("username") != USER or (verbs and e.get("verb") not in verbs) \
+                or received >= until:
             continue
-        t = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-        if since <= t < until:
-            ref = e.get("objectRef") or {}
-            what = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-            seen[e["auditID"]] = f"{e.get('verb')} {what}"
-    return Counter(seen.values())
+        ref = e.get("objectRef") or {}
+        counted[f"{e.get('verb')} {ref.get('resource', '')}"
+                + (f"/{ref['subresource']}" if ref.get("subresource") else "")] += 1
+    return counted
 
 
 def apiserver_requests(cp) -> float:
@@ -190,7 +194,7 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(work))
     try:
         time.sleep(3)   # kopf is up and watching an empty namespace
-        created = time.time()
+        created, cpu_created = time.time(), cpu_by_process(cp, proc)
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: custom.create_namespaced_custom_object(
                 "resident.dev", "v1alpha1", ns, "residentmodels", model(f"m{i:04d}", bundle)), range(models)))
@@ -203,13 +207,14 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
                 raise TimeoutError(f"{arm}: not every model has conditions after 600 s")
             time.sleep(0.5)
         converge = time.monotonic() - applied
+        cpu_converged = cpu_by_process(cp, proc)
         time.sleep(10)   # let the creation burst drain before the settled window
-        writes = audited_requests(Path(cp.state_dir) / "audit.log", created, time.time(), WRITES)
+        writes = audited_requests(cp, created, time.time(), WRITES)
         t0, cpu0, req0 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
         time.sleep(settle)
         t1, cpu1, req1 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
         rss = rss_mib(proc.pid)
-        own = audited_requests(Path(cp.state_dir) / "audit.log", t0, t1).total()
+        own = audited_requests(cp, t0, t1).total()
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -226,7 +231,8 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
     return {"converge_seconds": converge, "settle_seconds": t1 - t0, "cpu_fraction": (cpu1 - cpu0) / (t1 - t0),
             "rss_mib": rss, "operator_requests": own, "requests_per_model_minute": own / models / minutes,
             "apiserver_requests_total_delta": req1 - req0, "creation_writes_per_model": writes.total() / models,
-            "creation_writes_by_request": {k: n / models for k, n in sorted(writes.items())}}
+            "creation_writes_by_request": {k: n / models for k, n in sorted(writes.items())},
+            "converge_cpu_seconds": {k: cpu_converged[k] - cpu_created[k] for k in cpu_created}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,14 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     from localcluster.controlplane import ControlPlane
 
     work = Path(tempfile.mkdtemp(prefix="resident-exp10-"))
-    policy = work / "audit-policy.yaml"
-    policy.write_text(AUDIT_POLICY)
-    state = work / "cp"
-    flags = [f"--audit-policy-file={policy}", f"--audit-log-path={state / 'audit.log'}",
-             "--audit-log-maxsize=2000"]
     machine_before = benchkit.machine()
     try:  # the audit log grows to GBs: removed also when a run fails
-        with ControlPlane(state_dir=state, extra_apiserver_flags=flags,
+        with ControlPlane(state_dir=work / "cp", audit_policy=AUDIT_POLICY,
                           extra_users={USER: "system:masters"}) as cp:
             cp.install_crds()
             kubernetes_version = cp.version
