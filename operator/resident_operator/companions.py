@@ -2,8 +2,8 @@
 
 The Service in front of the owners (``serving.py``), the PodDisruptionBudget over them
 (``disruption.py``) and the NetworkPolicy around their control port
-(``control_policy.py``). Each pass reads the companion by name and creates it (recorded by
-UID) when it is missing, adopts it after a crash when it is labelled for and owned by this
+(``control_policy.py``). Each pass reads the companion by name (or, never recorded,
+creates it straight away) and creates it (recorded by UID) when it is missing, adopts it after a crash when it is labelled for and owned by this
 model, forgets records of earlier ones (someone deleted them), and patches the spec
 fields the model decides when they drifted. A name held by an object that is not this
 model's is left alone, with a Warning Event.
@@ -23,11 +23,11 @@ def ensure_companion(ctx: ModelContext, state: ModelState, wanted: dict[str, Any
                      spec_keys: tuple[str, ...]) -> dict[str, Any] | None:
     """The model's ``wanted`` companion as it now exists, or None while its name is taken."""
     kind, name = wanted["kind"], wanted["metadata"]["name"]
-    obj = ctx.kube.get(ctx.namespace, kind, name)
+    # Never recorded (a new model): created straight away, a 409 answers with what holds
+    # the name. Recorded: read, to see that it is still there and in line with the spec.
+    obj = ctx.kube.get(ctx.namespace, kind, name) if ch.of_kind(state.children, kind) else None
     if obj is None:
-        obj = create_child(ctx, state, wanted)
-        if obj is not None:
-            ctx.child_created(f"{kind}Created", f"{kind} {name}")
+        obj = create_child(ctx, state, wanted, announce=(f"{kind}Created", f"{kind} {name}"))
     elif not ch.is_recorded(state.children, obj):
         if adoptable(obj, ctx.uid):
             state.record_child(dict(obj, kind=kind, apiVersion=wanted["apiVersion"]))

@@ -41,8 +41,11 @@ def adoptable(obj: dict[str, Any], model_uid: str) -> bool:
     return ch.belongs_to(obj, model_uid) and any(r.get("uid") == model_uid for r in refs)
 
 
-def create_child(ctx: ModelContext, state: ModelState, obj: dict[str, Any]) -> dict[str, Any] | None:
-    """Adopt, create and record ``obj``; None if its name is held by something not ours."""
+def create_child(ctx: ModelContext, state: ModelState, obj: dict[str, Any],
+                 announce: tuple[str, str] | None = None) -> dict[str, Any] | None:
+    """Adopt, create and record ``obj``; None if its name is held by something not ours.
+    ``announce`` (reason, what) goes into the pass's Event of what it created, if this
+    create made it (not when it answered 409 with an object left by an earlier pass)."""
     kopf.adopt(obj, owner=ctx.body)
     obj["metadata"]["namespace"] = ctx.namespace
     got, created = ctx.kube.create(ctx.namespace, obj)
@@ -51,26 +54,25 @@ def create_child(ctx: ModelContext, state: ModelState, obj: dict[str, Any]) -> d
     got.setdefault("kind", obj["kind"])
     got.setdefault("apiVersion", obj["apiVersion"])
     state.record_child(got)
+    if created and announce:
+        ctx.child_created(*announce)
     return got
 
 
 def ensure_token(ctx: ModelContext, state: ModelState) -> str:
-    """The owners' bearer token, creating the Secret on first use."""
+    """The owners' bearer token, creating the Secret on first use. A Secret never recorded
+    is created straight away (a 409 answers with what holds the name: adopted if it is
+    this model's); a recorded one is read."""
     name = naming.token_secret_name(ctx.name)
-    secret = ctx.kube.get(ctx.namespace, "Secret", name)
-    if secret is not None and ch.is_recorded(state.children, secret):
-        return base64.b64decode(secret["data"][naming.TOKEN_KEY]).decode()
-    if secret is not None and not adoptable(secret, ctx.uid):
+    if ch.of_kind(state.children, "Secret"):
+        secret = ctx.kube.get(ctx.namespace, "Secret", name)
+        if secret is not None and ch.is_recorded(state.children, secret):
+            return base64.b64decode(secret["data"][naming.TOKEN_KEY]).decode()
+    secret = create_child(ctx, state, build_token_secret(ctx.name, ctx.uid, new_token()),
+                          announce=("TokenSecretCreated", f"owner token Secret {name}"))
+    if secret is None:
         raise kopf.TemporaryError(f"Secret {name} exists and is not ours; waiting for it to go",
                                   delay=10)
-    if secret is None:
-        created = create_child(ctx, state, build_token_secret(ctx.name, ctx.uid, new_token()))
-        if created is None:
-            raise kopf.TemporaryError(f"Secret {name} is taken by another object", delay=10)
-        ctx.child_created("TokenSecretCreated", f"owner token Secret {name}")
-        secret = ctx.kube.get(ctx.namespace, "Secret", name) or created
-    else:
-        state.record_child(secret)
     return base64.b64decode(secret["data"][naming.TOKEN_KEY]).decode()
 
 
