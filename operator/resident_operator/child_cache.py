@@ -13,7 +13,9 @@ The cache answers ``None``, and the pass LISTs as before, when it cannot know:
 
 This operator's own writes go into the cache when the API server answers them (a create or
 patch: the object written; a delete: the object marked as terminating, until the watch
-reports it), so a pass right after a write does not act on the state before it.
+reports it), so a pass right after a write does not act on the state before it. The
+version each write left is remembered for every child kind (:meth:`ChildCache.is_own_write`):
+the watch event that reports it then wakes no model (the pass that wrote it knew).
 
 **Versions.** An object replaces the cached one only if its ``resourceVersion`` is newer,
 compared as integers (every API server backed by etcd gives integers; a version that is
@@ -53,6 +55,7 @@ from .naming import LABEL_MODEL, LABEL_MODEL_UID
 
 KINDS = ("Pod", "BundleDelivery")   # and FailedMount Events, apart (by Pod UID)
 GONE_REMEMBERED = 20000   # UIDs of objects seen deleted
+OWN_WRITES_REMEMBERED = 20000   # the version of this operator's last write, by UID
 
 
 def _version(obj: dict[str, Any]) -> int | None:
@@ -79,6 +82,7 @@ class ChildCache:
         self._all_ready = False
         self._events: dict[str, dict[str, dict[str, Any]]] = {}   # Pod UID -> Event UID -> Event
         self._events_ready: set[str] = set()                        # namespaces
+        self._own: OrderedDict[str, str | None] = OrderedDict()      # uid -> version this operator wrote
 
     def mark_ready(self) -> None:
         """kopf's indexes hold their first listing: the cache answers everywhere."""
@@ -96,11 +100,25 @@ class ChildCache:
             else:
                 self._put(kind, obj)
 
-    def wrote(self, kind: str, obj: dict[str, Any]) -> None:
-        """The object as the API server answered this operator's create or patch."""
-        if kind in KINDS:
-            with self._lock:
+    def wrote(self, kind: str, obj: dict[str, Any], own: bool = True) -> None:
+        """The object as the API server answered this operator's create or patch (``own``),
+        or its create's 409 (what held the name: not this operator's write)."""
+        meta = obj.get("metadata") or {}
+        with self._lock:
+            if kind in KINDS:
                 self._put(kind, obj)
+            if own and meta.get("uid"):
+                self._own[meta["uid"]] = meta.get("resourceVersion")
+                self._own.move_to_end(meta["uid"])
+                while len(self._own) > OWN_WRITES_REMEMBERED:
+                    self._own.popitem(last=False)
+
+    def is_own_write(self, obj: dict[str, Any]) -> bool:
+        """Is ``obj`` (a watch event's) at the version this operator's last write of it left?
+        Then the event tells the model nothing its pass did not know when it wrote it."""
+        meta = obj.get("metadata") or {}
+        with self._lock:
+            return bool(meta.get("uid")) and self._own.get(meta["uid"]) == meta.get("resourceVersion")
 
     def deleting(self, uid: str, when: str) -> None:
         """This operator deleted ``uid`` at ``when`` (RFC 3339): if cached, terminating until

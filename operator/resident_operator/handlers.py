@@ -209,7 +209,12 @@ async def model_changed(memo: kopf.Memo, namespace: str, name: str, uid: str, me
         handle.poke("model")
 
 
-def _wake_model_of(labels: Any, model_handles: kopf.Index, cause: str) -> None:
+def _wake_model_of(labels: Any, model_handles: kopf.Index, cause: str, memo: kopf.Memo,
+                   event: Any) -> None:
+    """Wake the model a child's event concerns, unless the event reports this operator's
+    own write of it (a create's ADDED, a patch's MODIFIED): the pass that wrote it knew."""
+    if event["type"] != "DELETED" and memo.runtime.kube.cache.is_own_write(event["object"]):
+        return
     for handle in model_handles.get(labels.get(naming.LABEL_MODEL_UID), []):
         handle.poke(cause)
 
@@ -231,7 +236,7 @@ async def deliveries_listed(memo: kopf.Memo, body: Any, **_: Any) -> None:
 async def pod_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
                       **_: Any) -> None:
     memo.runtime.kube.cache.observe("Pod", event["type"], event["object"])   # before the wake
-    _wake_model_of(labels, model_handles, "pod")
+    _wake_model_of(labels, model_handles, "pod", memo, event)
 
 
 @kopf.on.event(*EVENTS)
@@ -247,30 +252,34 @@ async def mount_failed(memo: kopf.Memo, event: Any, model_handles: kopf.Index, *
 
 
 @kopf.on.event("secrets", labels=OWNED)
-async def secret_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
-    _wake_model_of(labels, model_handles, "secret")
+async def secret_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
+                         **_: Any) -> None:
+    _wake_model_of(labels, model_handles, "secret", memo, event)
 
 
 @kopf.on.event("services", labels=OWNED)
-async def service_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
-    _wake_model_of(labels, model_handles, "service")
+async def service_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
+                          **_: Any) -> None:
+    _wake_model_of(labels, model_handles, "service", memo, event)
 
 
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
-async def budget_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
-    _wake_model_of(labels, model_handles, "budget")
+async def budget_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
+                         **_: Any) -> None:
+    _wake_model_of(labels, model_handles, "budget", memo, event)
 
 
 @kopf.on.event("networking.k8s.io", "networkpolicies", labels=OWNED)
-async def control_policy_changed(labels: Any, model_handles: kopf.Index, **_: Any) -> None:
-    _wake_model_of(labels, model_handles, "control-policy")
+async def control_policy_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
+                                 **_: Any) -> None:
+    _wake_model_of(labels, model_handles, "control-policy", memo, event)
 
 
 @kopf.on.event(*DELIVERIES, labels=OWNED)
 async def delivery_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
                            **_: Any) -> None:
     memo.runtime.kube.cache.observe("BundleDelivery", event["type"], event["object"])
-    _wake_model_of(labels, model_handles, "delivery")
+    _wake_model_of(labels, model_handles, "delivery", memo, event)
 
 
 # -- the model's passes ---------------------------------------------------------------------

@@ -94,12 +94,12 @@ class Kube:
         existing = self.get(namespace, kind, name)
         if existing is None:  # deleted between our create and get: let the caller retry
             raise ConflictGone(f"{kind} {namespace}/{name} conflicted and then disappeared")
-        self._wrote(kind, existing)
+        self._wrote(kind, existing, own=False)
         return existing, False
 
-    def _wrote(self, kind: str, obj: dict[str, Any]) -> None:
+    def _wrote(self, kind: str, obj: dict[str, Any], own: bool = True) -> None:
         if self.cache is not None:
-            self.cache.wrote(kind, obj)
+            self.cache.wrote(kind, obj, own)
 
     def get(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         try:

@@ -108,6 +108,19 @@ def test_its_own_writes_show_before_their_events():
     assert cache.children(NS, "Pod", "lm", ["s"]) is None
 
 
+def test_the_event_of_its_own_write_is_known_as_its_own_and_anyone_elses_is_not():
+    cache = ChildCache()
+    secret = {"metadata": {"uid": "s", "name": "lm-owner-token", "namespace": NS, "resourceVersion": "7"}}
+    cache.wrote("Secret", secret)                          # every child kind, not only the cached ones
+    assert cache.is_own_write(secret)                      # its ADDED: nothing new for the model
+    assert not cache.is_own_write(dict(secret, metadata=dict(secret["metadata"], resourceVersion="8")))
+    cache.wrote("Pod", pod("p", 3))
+    assert cache.is_own_write(pod("p", 3)) and not cache.is_own_write(pod("p", 4))
+    held = pod("q", 9)
+    cache.wrote("Pod", held, own=False)                    # a create's 409: what held the name
+    assert not cache.is_own_write(held)
+
+
 def test_what_a_pass_gets_is_a_copy():
     cache = ready(ChildCache(), pod("a", 5))
     cache.children(NS, "Pod", "lm", [])[0]["metadata"]["labels"]["x"] = "y"
