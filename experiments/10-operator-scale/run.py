@@ -7,6 +7,8 @@ user so the API server's audit log attributes every request to it. Arms:
 - ``poll``: the operator as of commit ``POLL_COMMIT`` (two 1 s kopf timers per model, a
   full re-read of the model, its Pods and deliveries at every resync), unpacked from git
   into a temporary directory and run with its own defaults;
+- ``retry``: the event-driven operator as of commit ``RETRY_COMMIT``, the last one whose
+  models each retry a source that is down on their own backoff (for ``--source down``);
 - ``list``: the event-driven operator as of commit ``LIST_COMMIT``, the last one whose
   passes LIST a model's Pods and BundleDeliveries from the API server (and list a waiting
   Pod's Events every 3 s), unpacked the same way;
@@ -27,8 +29,12 @@ first create until 10 s after convergence, divided by the model count;
 ``apiserver_request_total`` over the same window is kept beside it (it includes the
 controller-manager's and the scheduler's own traffic). Arms alternate each round.
 
+``--source down`` gives every model the same source, an http server that refuses every
+connection (the outage of issue 27): converge is then the time until every model says
+so in its conditions, and the settled window measures what waiting on it costs.
+
 ``python experiments/10-operator-scale/run.py [--rounds 5] [--models 300] [--settle 300]
-[--arms list,event] [--out DIR]`` (root not needed). ``verify.py`` recomputes summary.json from raw.json.
+[--arms list,event] [--source up|down] [--out DIR]`` (root not needed). ``verify.py`` recomputes summary.json from raw.json.
 """
 
 from __future__ import annotations
@@ -56,8 +62,10 @@ sys.path.insert(0, str(REPO))
 import benchkit  # noqa: E402
 
 POLL_COMMIT = "587e517"          # the last commit of the poll-driven operator
+RETRY_COMMIT = "8419040"         # the last event-driven operator whose models retry a source alone
 LIST_COMMIT = "5844fec"          # the last event-driven operator whose passes LIST children
-COMMITS = {"poll": POLL_COMMIT, "list": LIST_COMMIT, "event": None}   # None: this checkout
+COMMITS = {"poll": POLL_COMMIT, "retry": RETRY_COMMIT, "list": LIST_COMMIT,
+           "event": None}   # None: this checkout
 USER = "resident-operator"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 METRICS = ("requests_per_model_minute", "cpu_fraction", "rss_mib", "converge_seconds",
@@ -168,6 +176,16 @@ def model(name: str, bundle: dict) -> dict:
             "spec": {"bundle": bundle}}
 
 
+def unreachable_bundle() -> dict:
+    """A source that is down: an http server on a loopback port nobody listens on (taken
+    and closed at once), so every read is refused (issue 27's outage)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"source": f"http://127.0.0.1:{port}/bundles/lm", "digest": "sha256:" + "0" * 64}
+
+
 def tiny_bundle(work: Path) -> dict:
     """A real (tiny) bundle: the operator reads its manifest before it places a model."""
     from bundle.cpu_model import make_demo
@@ -243,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE, help="where raw.json and summary.json go")
     ap.add_argument("--arms", default="poll,event",
                     help=f"comma-separated, two or more of {', '.join(COMMITS)} (event: this checkout)")
+    ap.add_argument("--source", choices=("up", "down"), default="up",
+                    help="down: every model's one source refuses connections (issue 27's outage; "
+                         "with --arms retry,event: a retry loop per model against one probe per source)")
     args = ap.parse_args(argv)
     arms = args.arms.split(",")
     if len(arms) < 2 or "event" not in arms or not set(arms) <= set(COMMITS):
@@ -258,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             cp.install_crds()
             kubernetes_version = cp.version
             counter = iter(range(1000))
-            bundle = tiny_bundle(work)
+            bundle = tiny_bundle(work) if args.source == "up" else unreachable_bundle()
             samples = benchkit.run_rounds(args.rounds, {
                 arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter),
                                                 bundle))
@@ -266,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     raw = {"config": {"rounds": args.rounds, "models": args.models, "settle_seconds": args.settle,
+                      "source": args.source,
                       "poll_commit": POLL_COMMIT, "commits": {a: COMMITS[a] for a in arms},
                       "kubernetes": kubernetes_version},
            **benchkit.provenance(machine_before, benchkit.machine()), "samples": samples}
