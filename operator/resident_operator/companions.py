@@ -2,10 +2,11 @@
 
 The Service in front of the owners (``serving.py``), the PodDisruptionBudget over them
 (``disruption.py``) and the NetworkPolicy around their control port
-(``control_policy.py``). Each pass reads the companion by name (or, never recorded,
-creates it straight away) and creates it (recorded by UID) when it is missing, adopts it after a crash when it is labelled for and owned by this
-model, forgets records of earlier ones (someone deleted them), and patches the spec
-fields the model decides when they drifted. A name held by an object that is not this
+(``control_policy.py``). A pass creates the companion (recorded by UID) when it was never
+recorded, else reads it by name and creates it again when it is missing; it adopts one
+left by a crash (the create's 409) when it is labelled for and owned by this model,
+forgets records of earlier ones (someone deleted them), and patches the spec fields the
+model decides when they drifted. A name held by an object that is not this
 model's is left alone, with a Warning Event.
 """
 

@@ -1,10 +1,10 @@
 """The kopf handlers: thin, typed, and all funnelled into one driver per model.
 
 - ``configure`` (startup) is the one place settings are applied: finalizer name,
-  annotation-based progress storage, no diff-base (:class:`NoDiffBase`), server-side label selectors for the children's
-  watches, event posting level, the API client, the pass pool, the gate of owner calls
-  (``owner_client.OwnerCalls``), the source-probe HTTP session and the cluster-wide
-  orphan sweep (on a thread of its own).
+  annotation-based progress storage, no diff-base (:class:`NoDiffBase`), server-side
+  label selectors for the children's watches, event posting level, the API client, the
+  pass pool, the gate of owner calls (``owner_client.OwnerCalls``), the source-probe HTTP
+  session and the cluster-wide orphan sweep (on a thread of its own).
 - ``model_handles`` indexes ResidentModels by UID; the value is the model's
   :class:`~.driver.ModelHandle` (kept in its memo), which child handlers use to wake it.
 - ``model_changed`` and the ``*_changed`` handlers of its children (owner Pods, the token

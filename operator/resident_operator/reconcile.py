@@ -67,8 +67,8 @@ def reconcile(ctx: ModelContext) -> tuple[str, str]:
     if problems:
         replicas = raw.get("replicas") if isinstance(raw.get("replicas"), int) else 0
         report(ctx, state, derive_status(replicas=replicas, owners=[], problems=problems,
-                                  transition=state.transition, last_transition=state.last_transition,
-                                  blocker=None, desired_digest=""))
+                                         transition=state.transition, last_transition=state.last_transition,
+                                         blocker=None, desired_digest=""))
         return INVALID, "; ".join(problems)
     assert spec is not None
     # What this pass writes before a transition step (the first placement's revision, the
