@@ -111,7 +111,8 @@ def draw(raw: dict, folder: Path) -> list[Path]:
     named = ", ".join(f"{a} ({COMMITS[a]})" for a in arms if COMMITS[a])
     return [plots.medians(
         folder / "cost.png",
-        f"10: {raw['config']['models']} models: {named} vs this operator (event)",
+        f"10: {raw['config']['models']} models: " + (f"{named} vs this operator (event)" if named
+                                                      else "this operator (event)"),
         [(PANELS[m], {arm: summary[m]["arms"][arm] for arm in arms}) for m in summary],
         plots.footnote(raw, f"n = {n} per arm, alternating; bars: medians, whiskers: IQR; "
                             f"settled window {raw['config']['settle_seconds']:.0f} s"))]
@@ -260,14 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=300.0, help="settled window per sample, seconds")
     ap.add_argument("--out", type=Path, default=HERE, help="where raw.json and summary.json go")
     ap.add_argument("--arms", default="poll,event",
-                    help=f"comma-separated, two or more of {', '.join(COMMITS)} (event: this checkout)")
+                    help=f"comma-separated, of {', '.join(COMMITS)} (event: this checkout); event alone "
+                         "measures this operator against absolute targets (e.g. --models 3000)")
     ap.add_argument("--source", choices=("up", "down"), default="up",
                     help="down: every model's one source refuses connections (issue 27's outage; "
                          "with --arms retry,event: a retry loop per model against one probe per source)")
     args = ap.parse_args(argv)
     arms = args.arms.split(",")
-    if len(arms) < 2 or "event" not in arms or not set(arms) <= set(COMMITS):
-        ap.error(f"--arms: two or more of {', '.join(COMMITS)}, event among them")
+    if "event" not in arms or not set(arms) <= set(COMMITS) or len(set(arms)) != len(arms):
+        ap.error(f"--arms: of {', '.join(COMMITS)}, event among them")
 
     from localcluster.controlplane import ControlPlane
 
