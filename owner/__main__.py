@@ -66,7 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key-file", help="file holding the API key the inference port requires as "
                                           "'Authorization: Bearer <key>' (default: no key, the port is open)")
     p.add_argument("--apply-wait-seconds", type=float, default=30.0,
-                   help="how long a request may wait behind an in-place apply before it gets 503 (default 30)")
+                   help="how long a request may wait behind an in-place apply, or a reload after its "
+                        "drain, before it gets 503 (default 30)")
     p.add_argument("--shutdown-quiet-seconds", type=float, default=1.0,
                    help="after SIGTERM, keep serving until no inference request came for this long (or "
                         "for 8 of the usual gaps between requests, up to 6 s, when that is longer), so "

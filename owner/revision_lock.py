@@ -5,9 +5,10 @@ A request holds the shared side for its whole generation, so the revision that b
 also finishes it. A transition takes the exclusive side for the part that changes live
 weights: it waits for the requests in flight, and requests that arrive meanwhile wait
 behind it (writer preference, so a steady stream of requests cannot starve an apply), at
-most ``timeout`` seconds (:class:`WaitExpired`). A reload holds the exclusive side
-*closed*: there is no old revision left to wait for, so requests that arrive or are
-waiting are turned away at once (:class:`LockClosed`) rather than queued behind the load.
+most ``timeout`` seconds (:class:`WaitExpired`). The reload of a model's only replica
+holds the exclusive side *closed*: its clients keep coming for as long as it loads, so
+requests that arrive or are waiting are turned away at once (:class:`LockClosed`, 503 +
+Retry-After) rather than queued behind the load.
 """
 
 from __future__ import annotations

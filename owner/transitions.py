@@ -20,12 +20,14 @@ old revision serving and the owner ``ready``.
 Traffic: an in-place transition keeps the owner ready; its apply holds the revision lock
 alone, so requests finish on the old revision or wait (bounded) for the new one. A reload
 first turns the owner not-ready and keeps serving the old revision for ``drainSeconds``
-(so the kubelet's probe takes it out of the Service's Endpoints), then holds the lock
-closed: the requests in flight finish, later ones get 503 with Retry-After until the new
-revision has answered its first token (and warmed up), when the owner turns ready again.
-With ``leaveEndpoints: false`` (the operator sends it for a model's only replica) the owner
-stays ready throughout: there is no other endpoint to drain to, and a client of the
-Service gets the owner's 503 with Retry-After rather than a refused connection. A reload
+(so the kubelet's probe takes it out of the Service's Endpoints) and until no request
+comes for a while, then holds the lock alone: the requests in flight finish, and a
+request a proxy still sends here waits (bounded, as behind an apply) for the new revision,
+which answers it; the owner turns ready again once that revision has answered its first
+token (and warmed up). With ``leaveEndpoints: false`` (the operator sends it for a
+model's only replica) the owner stays ready throughout and holds the lock *closed*: there
+is no other endpoint to drain to, and a client of the Service gets the owner's 503 with
+Retry-After at once rather than a refused connection or a wait as long as the load. A reload
 to a revision the owner preloaded (owner/preload.py) is a swap, like the commit of a
 reload loaded beside: no drain, ready throughout, requests wait for the swap.
 
@@ -223,8 +225,11 @@ def _reload(owner: "Owner", st: api.TransitionStatus, target: Revision, t: api.T
         log.info("draining before reload", extra={"transition": st.id, "seconds": drain_seconds})
         waited = owner.drain(drain_seconds)  # still serving the old revision meanwhile
         log.info("drained", extra={"transition": st.id, "seconds": round(waited, 3)})
-    # a swap is brief: requests wait for it, as for an in-place apply; a load turns them away
-    with owner.revision_lock.exclusive(closed=beside is None):
+    # A swap is brief: requests wait for it, as for an in-place apply. So do those a proxy
+    # still sends after the drain (its watch of the endpoints lags, e.g. after an API
+    # server restart): the new revision answers them. The only replica, which stays in
+    # the endpoints, turns its clients away while it loads (503 + Retry-After).
+    with owner.revision_lock.exclusive(closed=beside is None and not leave_endpoints):
         t1 = time.perf_counter()
         try:
             report = owner.backend.swap_in(beside) if beside is not None else owner.backend.reload(target)
