@@ -285,16 +285,34 @@ async def delivery_changed(memo: kopf.Memo, event: Any, labels: Any, model_handl
 # -- the model's passes ---------------------------------------------------------------------
 @kopf.daemon(*MODEL, cancellation_timeout=1.0)
 async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: str, name: str,
-                      uid: str, **_: Any) -> None:
+                      uid: str, body: kopf.Body, **_: Any) -> None:
     rt: Runtime = memo.runtime
     if rt.sweeper is None:   # started here, in a context where kopf.event() works
         rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="orphan sweep")
     rt.kube.cache.mark_ready()   # a daemon starts only once kopf's indexes are whole
+    await _finalizer_added(body, stopped)
     handle = _handle(memo, namespace, name, uid)
     one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock,
                                  handle.known, rt.sources, rt.owner_calls)
     await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds, rt.sources,
                 rt.owner_calls)
+
+
+FINALIZER_WAIT_SECONDS = 5.0
+
+
+async def _finalizer_added(body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
+    """Wait (at most FINALIZER_WAIT_SECONDS) until kopf's patch adding the finalizer, made
+    as this daemon starts, has landed. ``body`` is kopf's live view of the model. A first
+    pass read before it would have its conditional status write refused (409) by that
+    patch and write again: two requests more (one model of three in a cluster test)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FINALIZER_WAIT_SECONDS
+    while not stopped and loop.time() < deadline:
+        meta = body.get("metadata") or {}
+        if naming.FINALIZER in (meta.get("finalizers") or []) or meta.get("deletionTimestamp"):
+            return
+        await asyncio.sleep(0.02)
 
 
 @kopf.on.delete(*MODEL, retries=None, backoff=1, timeout=None)  # until every child is gone
