@@ -1,6 +1,6 @@
 """Recompute experiment 10's summaries from their raw.json and check they match: this
-folder (the current operator) and ``resync-reads-companions/`` (the run before the safety
-resync stopped reading the token Secret and the companions, kept for comparison)."""
+folder and every folder of a later run in it (``resync-reads-companions/``,
+``cache-reads/``, ``creation-writes/``)."""
 
 import sys
 from pathlib import Path
