@@ -35,6 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -179,7 +180,6 @@ class ControlPlane:
     def audit_entries(self, since: float = 0.0) -> list[dict]:
         """The audit log's entries received at or after ``since`` (epoch seconds), each once
         (a request logged at two stages keeps its last)."""
-        from datetime import datetime
         entries: dict[str, dict] = {}
         if self.audit_log.exists():
             for line in self.audit_log.read_text().splitlines():
