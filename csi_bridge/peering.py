@@ -111,10 +111,13 @@ class Peering:
         deadline = time.monotonic() + SEED_WAIT_SECONDS
         while time.monotonic() < deadline:
             others = self.others()
+            # whether the seed still leads, read before asking who holds the revision: a seed
+            # that finishes in between leads no more (its delivery is Staged) but holds it
+            leads = self.rollout_seed(digest) == seed and seed in {n for n, _ in others}
             holders = self.holders(digest, others)
             if holders:
                 return holders
-            if self.rollout_seed(digest) != seed or seed not in {n for n, _ in others}:
+            if not leads:
                 log.info("the rollout's seed stopped; fetching from the origin", extra={"digest": digest,
                                                                                        "seed": seed})
                 return []
