@@ -57,6 +57,12 @@ POD_RANGE = "10.244.0.0/16"        # a /24 per node, handed out by the controlle
 NODE_MONITOR_GRACE_SECONDS = 20
 
 
+def audited_request(entry: dict) -> str:
+    """An audit entry's request as ``verb resource[/subresource]`` (``patch residentmodels/status``)."""
+    ref = entry.get("objectRef") or {}
+    return f"{entry.get('verb')} {ref.get('resource', '')}" + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+
+
 class ControlPlane:
     def __init__(self, state_dir: Path | None = None, extra_apiserver_flags: list[str] = (),
                  node_names: list[str] = (), extra_users: dict[str, str] | None = None,
@@ -177,15 +183,15 @@ class ControlPlane:
         policy.write_text(self.audit_policy)
         return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}"]   # never rotated
 
-    def audit_entries(self, since: float = 0.0) -> list[dict]:
-        """The audit log's entries received at or after ``since`` (epoch seconds), each once
-        (a request logged at two stages keeps its last)."""
+    def audit_entries(self, since: float = 0.0, until: float = float("inf")) -> list[dict]:
+        """The audit log's entries received in [``since``, ``until``) (epoch seconds), each
+        once (a request logged at two stages keeps its last)."""
         entries: dict[str, dict] = {}
         if self.audit_log.exists():
             for line in self.audit_log.read_text().splitlines():
                 e = json.loads(line)
                 received = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00"))
-                if received.timestamp() >= since:
+                if since <= received.timestamp() < until:
                     entries[e["auditID"]] = e
         return list(entries.values())
 

@@ -50,7 +50,6 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -152,16 +151,9 @@ def rss_mib(pid: int) -> float:
 def audited_requests(cp, since: float, until: float, verbs: set[str] | None = None) -> Counter:
     """Requests by USER received in [since, until) (epoch seconds), by ``verb
     resource[/subresource]``; only those of ``verbs`` if given."""
-    counted = Counter()
-    for e in cp.audit_entries(since):
-        received = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-        if (e.get("user") or {}).get("username") != USER or (verbs and e.get("verb") not in verbs) \
-                or received >= until:
-            continue
-        ref = e.get("objectRef") or {}
-        counted[f"{e.get('verb')} {ref.get('resource', '')}"
-                + (f"/{ref['subresource']}" if ref.get("subresource") else "")] += 1
-    return counted
+    from localcluster.controlplane import audited_request
+    return Counter(audited_request(e) for e in cp.audit_entries(since, until)
+                   if (e.get("user") or {}).get("username") == USER and (not verbs or e.get("verb") in verbs))
 
 
 def apiserver_requests(cp) -> float:

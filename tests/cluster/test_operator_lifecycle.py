@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from bundle.cpu_model import make_demo
 from chart_accounts import RELEASE
 from conftest_operator import OPERATOR_ENV, Api, condition, running_operator
+from localcluster.controlplane import audited_request
 from polling import wait_for
 from resident_operator.child_cache import ChildCache
 from resident_operator.disruption import sync_failure
@@ -88,9 +89,7 @@ def test_a_new_model_costs_nine_writes_until_it_settles(cluster, namespace, tiny
         wait_for(lambda: all(settled(n) for n in names), what="every model with its children and status")
         time.sleep(5)   # what the Pods' scheduling and the budgets' status wake comes in too
         writes = Counter(
-            f"{e['verb']} {e['objectRef']['resource']}" + (f"/{e['objectRef']['subresource']}"
-                                                         if e["objectRef"].get("subresource") else "")
-            for e in cluster.audit_entries(since)
+            audited_request(e) for e in cluster.audit_entries(since)
             if e["user"]["username"] == user and e["verb"] in WRITES
             and e["objectRef"].get("namespace") == namespace
             and e.get("responseStatus", {}).get("code", 0) < 400)   # a refused write (409) changed nothing
