@@ -27,7 +27,10 @@ API requests in that window (audit log, one entry per request, long watches incl
 *creation writes per model* are its create, update, patch and delete requests from the
 first create until 10 s after convergence, divided by the model count;
 ``apiserver_request_total`` over the same window is kept beside it (it includes the
-controller-manager's and the scheduler's own traffic). Arms alternate each round.
+controller-manager's and the scheduler's own traffic). Then the operator stops, the
+models lose their finalizers and the namespace is deleted; the next sample starts once it
+is gone (at 3,000 models the garbage collection of its children takes minutes, and would
+otherwise run under the next sample). Arms alternate each round.
 
 ``--source down`` gives every model the same source, an http server that refuses every
 connection (the outage of issue 27): converge is then the time until every model says
@@ -238,12 +241,29 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
         custom.patch_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels",
                                               m["metadata"]["name"], {"metadata": {"finalizers": None}})
     core.delete_namespace(ns)
+    deleted = time.monotonic()
+    while namespace_exists(core, ns):   # its children go before the next sample starts
+        if time.monotonic() - deleted > 900:
+            raise TimeoutError(f"namespace {ns} still there 900 s after its deletion")
+        time.sleep(1)
     minutes = (t1 - t0) / 60
     return {"converge_seconds": converge, "settle_seconds": t1 - t0, "cpu_fraction": (cpu1 - cpu0) / (t1 - t0),
             "rss_mib": rss, "operator_requests": own, "requests_per_model_minute": own / models / minutes,
             "apiserver_requests_total_delta": req1 - req0, "creation_writes_per_model": writes.total() / models,
             "creation_writes_by_request": {k: n / models for k, n in sorted(writes.items())},
-            "converge_cpu_seconds": {k: cpu_converged[k] - cpu_created[k] for k in cpu_created}}
+            "converge_cpu_seconds": {k: cpu_converged[k] - cpu_created[k] for k in cpu_created},
+            "namespace_gone_seconds": time.monotonic() - deleted}
+
+
+def namespace_exists(core, name: str) -> bool:
+    from kubernetes.client.rest import ApiException
+    try:
+        core.read_namespace(name)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
