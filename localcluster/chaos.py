@@ -559,8 +559,10 @@ class Soak:
         """A fault has recovered (``recovered``) when the system's Pods are Ready and every
         model it may have touched serves with all its replicas again, but for one while a
         switch the driver made of it is under way, and the owners' slots the fault took
-        (``slots``) answer again. With a switch under way at nearly every moment, waiting
-        for every model to be whole measured the driver's switches more than the fault.
+        (``slots``) answer again; a slot the driver has since scaled away (its index at or
+        above the model's replicas now) has nothing to come back to. With a switch under way
+        at nearly every moment, waiting for every model to be whole measured the driver's
+        switches more than the fault.
         When every model in its scope is whole, switches or not, is kept too (``whole``):
         the end of its failure window."""
         with self._lock:
@@ -593,7 +595,9 @@ class Soak:
             elif i.container and i.container in containers:
                 self._held(i, "the killed container still named")
                 continue
-            back = set().union(*(serving[m.key][1] for m in scope))
+            replicas = {m.key: m.replicas for m in scope}
+            back = set().union(*(serving[m.key][1] for m in scope),
+                               {s for s in i.slots if _scaled_away(s, replicas)})
             short = [f"{m.key} serves {serving[m.key][0]} of {m.replicas}" for m in scope
                      if serving[m.key][0] < self._switch_allowance(m)]
             if i.recovered is None and (set(i.slots) - back or short):
@@ -768,6 +772,13 @@ class Soak:
 
 def _slot(pod: client.V1Pod, model: str) -> str:
     return f"{model}#{(pod.metadata.labels or {}).get(SLOT_LABEL, '?')}"
+
+
+def _scaled_away(slot: str, replicas: dict[str, int]) -> bool:
+    """Whether a scale-down took ``slot`` (``<model>#<index>``): the operator keeps a
+    model's slots 0 .. replicas-1, and ``replicas`` holds each model's count now."""
+    model, _, index = slot.rpartition("#")
+    return index.isdigit() and model in replicas and int(index) >= replicas[model]
 
 
 def _on_spec(rm: dict | None, replicas: int) -> bool:

@@ -259,6 +259,35 @@ def test_a_fault_recovers_when_the_owners_it_took_answer_again_and_every_model_b
     assert soak._switch_allowance(a) == 1
 
 
+def test_a_slot_the_driver_scaled_away_after_the_fault_is_not_waited_for(monkeypatch):
+    """A node fault took slot b#2; the driver then scaled b from 3 replicas to 2, so the
+    operator removed slot 2 and nothing will answer there again: the fault recovers once
+    the slots b still has answer (the eighth hour waited 160 s on such a slot). Scaled up
+    again, the slot is b's once more and is waited for."""
+    import threading
+    import time
+    from types import SimpleNamespace as NS
+
+    soak = chaos.Soak.__new__(chaos.Soak)
+    soak.t0, soak._lock = time.monotonic(), threading.Lock()
+    b = chaos.SoakModel(NS(namespace="ns", name="b"), 2)                          # scaled 3 -> 2
+    soak.models, soak.switches = [b], []
+    serving = {"ns/b": {"ns/b#0", "ns/b#1"}}
+    monkeypatch.setattr(soak, "_system", lambda: ([], set(), None), raising=False)
+    monkeypatch.setattr(soak, "_serving", lambda m, rm: (len(serving[m.key]), serving[m.key]), raising=False)
+    cut = injected("node-network-cut", 0.0, None, affects=("ns/b",), whole=None)
+    cut.slots = ["ns/b#1", "ns/b#2"]
+    soak.injected = [cut]
+    soak._follow_recovery({"ns/b": {}})
+    assert cut.recovered is not None and cut.held == {}
+    b.replicas = 3                                                                # scaled back up
+    again = injected("node-network-cut", 0.0, None, affects=("ns/b",), whole=None)
+    again.slots = ["ns/b#2"]
+    soak.injected = [again]
+    soak._follow_recovery({"ns/b": {}})
+    assert again.recovered is None and set(again.held) == {"slot ns/b#2 not answering", "ns/b serves 2 of 3"}
+
+
 def test_a_killed_operator_recovers_when_an_operator_renews_the_leader_lease_after_it(monkeypatch):
     """With leader election, a killed operator has recovered once the Lease is renewed after
     the kill was over (a standby took over, or the killed one is back), not when its own Pod
