@@ -1,6 +1,6 @@
 """Recompute experiment 10's summaries from their raw.json and check they match: this
 folder and every folder of a later run in it (``resync-reads-companions/``,
-``cache-reads/``, ``creation-writes/``)."""
+``cache-reads/``, ``creation-writes/``, ``3000-models/``)."""
 
 import sys
 from pathlib import Path
