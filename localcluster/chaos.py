@@ -236,6 +236,12 @@ class Soak:
             m.story.wait(f"{m.replicas}/{m.replicas} ready", lambda rm, r=m.replicas: (
                 (rm.get("status") or {}).get("ready") == f"{r}/{r}"
                 and (rm["status"].get("bundle") or {}).get("digest") == base), timeout=300)
+        for m in self.models:   # and reached through its Service: kube-proxy may lag the status
+            deadline = time.monotonic() + 60
+            while not _service_answers(m.story.service_address()):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{m.key}: its Service does not answer 60 s after the model is ready")
+                time.sleep(0.5)
 
     def _read_models(self) -> dict[str, dict]:
         out = {}
@@ -772,6 +778,14 @@ class Soak:
 
 def _slot(pod: client.V1Pod, model: str) -> str:
     return f"{model}#{(pod.metadata.labels or {}).get(SLOT_LABEL, '?')}"
+
+
+def _service_answers(address: str) -> bool:
+    """Whether the inference API answers at ``address`` (a Service's ClusterIP:port)."""
+    try:
+        return requests.get(f"http://{address}/v1/models", timeout=2.0).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def _scaled_away(slot: str, replicas: dict[str, int]) -> bool:
