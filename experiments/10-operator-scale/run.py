@@ -22,8 +22,8 @@ user so the API server's audit log attributes every request to it. Arms:
 Per round and arm: a fresh namespace, the operator started, ``--models`` ResidentModels
 created at once (8 client threads); *converge* is the time from the last create until
 every model has status conditions; once the operator has written nothing for 30 s, it
-is left alone for ``--settle`` seconds and we record its CPU time (utime+stime from /proc), its RSS at the end, and its
-API requests in that window (audit log, one entry per request, long watches included);
+is left alone for ``--settle`` seconds and we record its CPU time (utime+stime from
+/proc), its RSS at the end, and its API requests in that window (audit log, one entry per request, long watches included);
 *creation writes per model* are its create, update, patch and delete requests from the
 first create until the operator has written nothing for 30 s (at least 10 s after
 convergence; the first runs waited exactly 10 s), divided by the model count;
@@ -157,8 +157,12 @@ def audited_requests(cp, since: float, until: float, verbs: set[str] | None = No
     """Requests by USER received in [since, until) (epoch seconds), by ``verb
     resource[/subresource]``; only those of ``verbs`` if given."""
     from localcluster.controlplane import audited_request
-    return Counter(audited_request(e) for e in cp.audit_entries(since, until)
-                   if (e.get("user") or {}).get("username") == USER and (not verbs or e.get("verb") in verbs))
+    return Counter(audited_request(e) for e in cp.audit_entries(since, until) if by_operator(e, verbs))
+
+
+def by_operator(entry: dict, verbs: set[str] | None = None) -> bool:
+    """Whether an audit entry is a request of USER's (and of ``verbs``, if given)."""
+    return (entry.get("user") or {}).get("username") == USER and (not verbs or entry.get("verb") in verbs)
 
 
 def apiserver_requests(cp) -> float:
@@ -244,11 +248,8 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
         custom.patch_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels",
                                               m["metadata"]["name"], {"metadata": {"finalizers": None}})
     core.delete_namespace(ns)
-    deleted = time.monotonic()
-    while namespace_exists(core, ns):   # its children go before the next sample starts
-        if time.monotonic() - deleted > 900:
-            raise TimeoutError(f"namespace {ns} still there 900 s after its deletion")
-        time.sleep(1)
+    deleted = time.monotonic()   # its children go before the next sample starts
+    benchkit.wait_until(f"namespace {ns} gone", lambda: not namespace_exists(core, ns), timeout=900, every=1)
     minutes = (t1 - t0) / 60
     return {"converge_seconds": converge, "settle_seconds": t1 - t0, "cpu_fraction": (cpu1 - cpu0) / (t1 - t0),
             "rss_mib": rss, "operator_requests": own, "requests_per_model_minute": own / models / minutes,
@@ -275,11 +276,7 @@ class AuditTail:
             data = f.read()
         complete = data[:data.rfind(b"\n") + 1]
         self.offset += len(complete)
-        count = 0
-        for line in complete.splitlines():
-            e = json.loads(line)
-            count += (e.get("user") or {}).get("username") == USER and e.get("verb") in WRITES
-        return count
+        return sum(by_operator(json.loads(line), WRITES) for line in complete.splitlines())
 
 
 def wait_for_quiet(tail: AuditTail, quiet: float = QUIET_SECONDS, limit: float = 900.0, every: float = 5.0) -> float:
