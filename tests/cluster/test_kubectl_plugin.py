@@ -126,9 +126,12 @@ def test_history_shows_last_transition_and_transition_events(cluster, namespace,
 
 
 def test_watch_redraws_on_a_status_change_and_ctrl_c_exits_cleanly(cluster, namespace, model, custom):
-    # PYTHONFAULTHANDLER: if it does not exit, SIGABRT makes it print where each thread is
+    # PYTHONFAULTHANDLER: if it does not exit, SIGABRT makes it print where each thread is.
+    # SIGINT back to its default, as in a user's terminal: a suite started as a background job
+    # inherits it ignored, and Python then installs no KeyboardInterrupt handler at all.
     proc = subprocess.Popen(entry_point() + ["get", "llm", "-n", namespace, "--watch"],
                             env=dict(env(cluster.kubeconfig), PYTHONFAULTHANDLER="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()
     errors: list[str] = []   # read as it comes, so a full pipe can never block the plugin

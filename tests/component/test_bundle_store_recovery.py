@@ -57,6 +57,15 @@ def run_child(store_root: Path, bundle_dir: Path, crash_at: str) -> subprocess.P
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def written(path: Path) -> int:
+    """The size of a blob the child writes, 0 once it is gone: a finished blob is renamed into
+    its tree between the glob that lists it and this stat."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -72,7 +81,7 @@ def test_killed_mid_fetch_leaves_nothing_and_is_reclaimed(tmp_path):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait until a partial blob exists
             blobs = list((store_root / "work").glob("*/blob-*")) if store_root.exists() else []
-            if any(b.stat().st_size > 0 for b in blobs):
+            if any(written(b) > 0 for b in blobs):
                 break
             time.sleep(0.02)
         else:

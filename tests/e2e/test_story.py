@@ -228,7 +228,16 @@ def test_bridge_pod_deleted_mid_stage_keeps_leases_and_mounts(world):
     pod = _owner_pod(story)
     state = node_state(story.bridge_root)
     assert len([m for m in state["csiMounts"] if pod.metadata.uid in m]) == 1
-    assert sorted(h.split(":")[0] for h, _ in state["leases"]) == ["delivery", "volume"]
+
+    def leases():
+        return sorted(h.split(":")[0] for h, _ in node_state(story.bridge_root)["leases"])
+    try:  # the replaced revision's delivery lease goes once its BundleDelivery is deleted
+        wait_for(lambda: leases() == ["delivery", "volume"], timeout=30, what="one delivery and one volume lease")
+    except AssertionError:
+        deliveries = story.custom.list_namespaced_custom_object(
+            "resident.dev", "v1alpha1", story.namespace, "bundledeliveries")["items"]
+        raise AssertionError(f"leases {node_state(story.bridge_root)['leases']} did not settle to one delivery "
+                             f"and one volume; BundleDeliveries {[d['metadata']['name'] for d in deliveries]}")
     assert story.generate("hello", max_tokens=4)["identity"]["bundle"] == revs.d
     story.delete_and_wait_gone()
     _assert_nothing_left(story)
