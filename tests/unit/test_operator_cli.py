@@ -92,3 +92,51 @@ def test_per_model_series_name_the_model_and_a_transition_past_its_timeout():
     metrics.set_model_phase("ns/m", None)    # the model is gone: so are its series
     assert get("resident_model_phase", {**model, "phase": "Degraded"}) is None
     assert get("resident_transition_overdue_seconds", model) is None
+
+
+def test_passes_and_scrapes_on_other_threads_never_meet_a_changing_dict():
+    """Passes set phases on kopf's threads while the metrics server collects (seen at 3,000
+    models: "dictionary changed size during iteration"); the counts stay exact."""
+    import sys
+    import threading
+    get = metrics.REGISTRY.get_sample_value
+    ready = get("resident_models", {"phase": "Ready"}) or 0
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def guarded(work):
+        def run():
+            try:
+                work()
+            except BaseException as e:   # noqa: BLE001 - what a thread raised is the result
+                errors.append(e)
+        return threading.Thread(target=run)
+
+    def passes(worker: int):
+        for i in range(3000):
+            metrics.set_model_phase(f"race/{worker}-{i}", "Ready" if i % 2 else "Loading")
+
+    def scrapes():
+        while not stop.is_set():
+            for _ in metrics.REGISTRY.collect():
+                pass
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as possible, to make them meet
+    try:
+        scraper = guarded(scrapes)
+        workers = [guarded(lambda w=w: passes(w)) for w in range(3)]
+        for t in (scraper, *workers):
+            t.start()
+        for t in workers:
+            t.join()
+        stop.set()
+        scraper.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert get("resident_models", {"phase": "Ready"}) == ready + 3 * 1500
+    for w in range(3):
+        for i in range(3000):
+            metrics.set_model_phase(f"race/{w}-{i}", None)
+    assert get("resident_models", {"phase": "Ready"}) == ready
