@@ -181,7 +181,10 @@ class ControlPlane:
             return []
         policy = self.state_dir / "audit-policy.yaml"
         policy.write_text(self.audit_policy)
-        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}"]   # never rotated
+        # maxsize 0: one plain file, never rotated (the default rotates at 100 MB, and a long
+        # experiment's counts then missed the entries moved aside; k8s.io/apiserver options/audit.go)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-maxsize=0"]
 
     def audit_entries(self, since: float = 0.0, until: float = float("inf")) -> list[dict]:
         """The audit log's entries received in [``since``, ``until``) (epoch seconds), each
