@@ -127,7 +127,7 @@ def _seconds_deleting(obj: dict[str, Any], now: float) -> float:
     return seconds_since(stamp, now) if stamp else 0.0
 
 
-def _seconds_old(obj: dict[str, Any], now: float) -> float:
+def seconds_old(obj: dict[str, Any], now: float) -> float:
     stamp = obj["metadata"].get("creationTimestamp")
     return seconds_since(stamp, now) if stamp else ORPHAN_MIN_AGE_SECONDS
 
@@ -151,7 +151,7 @@ def sweep_orphans(ctx: ModelContext, state: ModelState) -> list[str]:
     for kind in SWEPT_KINDS:   # the API server's LIST: a delete must not act on a stale cache
         for obj in ch.orphans(ctx.kube.list(ctx.namespace, kind, ctx.selector), state.children):
             meta = obj["metadata"]
-            if _seconds_old(obj, ctx.clock()) < ORPHAN_MIN_AGE_SECONDS:
+            if seconds_old(obj, ctx.clock()) < ORPHAN_MIN_AGE_SECONDS:
                 continue   # a later sweep looks again: it still differs from the records
             if ctx.kube.delete(ctx.namespace, kind, meta["name"], meta["uid"]) == "deleted":
                 swept.append(f"{kind}/{meta['name']}")

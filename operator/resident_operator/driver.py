@@ -44,7 +44,8 @@ PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5, sock_connect=3)
 
 class ModelHandle:
     """What the operator keeps in memory for one model: its wake flag, its pass lock, the
-    owner transitions it waits on, and the children its status records (for the sweep)."""
+    owner transitions it waits on, and the children its status records (for the sweep: when
+    they last changed, and when the sweep last looked at the model closely)."""
 
     def __init__(self, namespace: str, name: str, uid: str) -> None:
         self.namespace, self.name, self.uid = namespace, name, uid
@@ -52,8 +53,15 @@ class ModelHandle:
         self.lock = threading.Lock()
         self.waiters: dict[str, asyncio.Task] = {}
         self.recorded: set[str] = set()
+        self.recorded_at = float("-inf")   # time.monotonic() when ``recorded`` last changed
+        self.swept_at = float("-inf")      # time.monotonic() of the sweep's last close look
         self.generation: Any = None
         self.known: dict[str, Any] = {}   # what passes may reuse (the token); see passes.run_pass
+
+    def record(self, uids: set[str]) -> None:
+        """The children the model's status now records, as the model watch told."""
+        if uids != self.recorded:
+            self.recorded, self.recorded_at = uids, time.monotonic()
 
     def poke(self, cause: str) -> None:
         """Ask for a pass (call on the operator's event loop: asyncio.Event is not thread-safe).

@@ -191,7 +191,7 @@ def _handle(memo: kopf.Memo, namespace: str, name: str, uid: str) -> ModelHandle
 async def model_handles(memo: kopf.Memo, namespace: str, name: str, uid: str, status: Any,
                         **_: Any) -> dict[str, ModelHandle]:
     handle = _handle(memo, namespace, name, uid)
-    handle.recorded = recorded_uids((status or {}).get("children"))
+    handle.record(recorded_uids((status or {}).get("children")))
     return {uid: handle}
 
 

@@ -461,18 +461,25 @@ def test_orphans_labelled_for_the_model_are_swept(cluster, namespace, tiny):
         assert orphan.metadata.uid not in {c["uid"] for c in api.model("tiny")["status"]["children"]}
 
 
+def _with_a_lost_record(api: Api, name: str, tiny) -> ModelHandle:
+    """A new model whose status records a Service that does not exist (its delete's watch
+    event lost), and the operator's handle of it."""
+    model = api.create_model(name, tiny)
+    record = {"apiVersion": "v1", "kind": "Service", "name": name, "uid": f"0000-gone-{name}"}
+    api.custom.patch_namespaced_custom_object_status(
+        "resident.dev", "v1alpha1", api.ns, "residentmodels", name, {"status": {"children": [record]}})
+    handle = ModelHandle(api.ns, name, model["metadata"]["uid"])
+    handle.record({record["uid"]})
+    return handle
+
+
 def test_the_sweep_wakes_a_model_whose_recorded_child_went_unseen(cluster, namespace, tiny):
     """A child deleted while its watch event was lost (the safety resync no longer reads
     companions): the sweep finds the record without an object, forgets it, and wakes that
     model alone to read its companions again. Run directly, under the operator's account."""
     api = Api(cluster, namespace)
-    lost, intact = api.create_model("lost", tiny), api.create_model("intact", tiny)
-    record = {"apiVersion": "v1", "kind": "Service", "name": "lost", "uid": "0000-gone"}
-    api.custom.patch_namespaced_custom_object_status(
-        "resident.dev", "v1alpha1", namespace, "residentmodels", "lost", {"status": {"children": [record]}})
-    handles = [ModelHandle(namespace, "lost", lost["metadata"]["uid"]),
-               ModelHandle(namespace, "intact", intact["metadata"]["uid"])]
-    handles[0].recorded = {"0000-gone"}
+    intact = api.create_model("intact", tiny)
+    handles = [_with_a_lost_record(api, "lost", tiny), ModelHandle(namespace, "intact", intact["metadata"]["uid"])]
     kube = Kube(kubernetes.config.new_client_from_config(config_file=OPERATOR_ENV["KUBECONFIG"]))
     woken = []
     sweep_once(kube, settings_from_env({}), handles, woken.append)
@@ -520,12 +527,8 @@ def test_the_sweep_keeps_to_its_budget_past_a_model_whose_pass_holds_it(cluster,
     model all the same, and the next sweep does what this one skipped. Run directly, under
     the operator's account."""
     api = Api(cluster, namespace)
-    held = api.create_model("held", tiny)
-    record = {"apiVersion": "v1", "kind": "Service", "name": "held", "uid": "0000-gone"}
-    api.custom.patch_namespaced_custom_object_status(
-        "resident.dev", "v1alpha1", namespace, "residentmodels", "held", {"status": {"children": [record]}})
-    handle = ModelHandle(namespace, "held", held["metadata"]["uid"])
-    handle.recorded = {"0000-gone"}
+    handle = _with_a_lost_record(api, "held", tiny)
+    record = api.model("held")["status"]["children"][0]
     kube = Kube(kubernetes.config.new_client_from_config(config_file=OPERATOR_ENV["KUBECONFIG"]))
     settings = settings_from_env({"RESIDENT_SWEEP_BUDGET_SECONDS": "1"})
     taken, release = threading.Event(), threading.Event()
@@ -550,3 +553,35 @@ def test_the_sweep_keeps_to_its_budget_past_a_model_whose_pass_holds_it(cluster,
     assert api.model("held")["status"]["children"] == [record]  # skipped: not pruned under the pass
     sweep_once(kube, settings, [handle], woken.append)          # the next sweep, the lock free
     assert not api.model("held")["status"].get("children")
+
+
+def test_the_sweep_stops_between_models_once_its_budget_is_spent(cluster, namespace, tiny):
+    """Three models with a lost record each; the first one's pass holds its lock past the
+    sweep's budget, so the sweep stops before the other two, and the next sweep looks at
+    them first (the models looked at least recently). Run directly, under the operator's
+    account."""
+    api = Api(cluster, namespace)
+    handles = [_with_a_lost_record(api, name, tiny) for name in ("first", "second", "third")]
+    kube = Kube(kubernetes.config.new_client_from_config(config_file=OPERATOR_ENV["KUBECONFIG"]))
+    settings = settings_from_env({"RESIDENT_SWEEP_BUDGET_SECONDS": "1"})
+    taken, release = threading.Event(), threading.Event()
+
+    def a_long_pass():
+        with handles[0].lock:
+            taken.set()
+            release.wait(10)
+    passing = threading.Thread(target=a_long_pass, daemon=True)
+    passing.start()
+    taken.wait(5)
+    woken: list[ModelHandle] = []
+    try:
+        sweep_once(kube, settings, handles, woken.append)
+    finally:
+        release.set()
+        passing.join(5)
+    assert [h.name for h in woken] == ["first"]                 # the budget went on its lock
+    assert all(api.model(h.name)["status"].get("children") for h in handles)
+    woken.clear()
+    sweep_once(kube, settings, handles, woken.append)
+    assert [h.name for h in woken][:2] == ["second", "third"]   # not looked at yet: first
+    assert not api.model("second")["status"].get("children")
