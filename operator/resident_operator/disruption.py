@@ -16,14 +16,14 @@ writes ``DisruptionAllowed=False`` reason ``SyncFailed`` (``disruptionsAllowed: 
 Event ``CalculateExpectedPodCountFailed``, and does not try again until a Pod or the PDB
 changes: with settled owners, never, and every eviction (``kubectl drain``) is refused.
 While the PDB says so, the operator touches it (an annotation) every
-:data:`RESYNC_SECONDS`, which makes the controller compute it again.
+``retry_policy.BUDGET_RESYNC_SECONDS``, which makes the controller compute it again.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import naming
+from . import naming, retry_policy
 from .companions import ensure_companion
 from .conditions import find
 from .context import ModelContext
@@ -34,7 +34,6 @@ KIND = "PodDisruptionBudget"
 API_VERSION = "policy/v1"
 SYNC_FAILED = "SyncFailed"                      # the controller's reason, policy/v1 SyncFailedReason
 RESYNC_ANNOTATION = "resident.dev/budget-resync"
-RESYNC_SECONDS = 10.0
 
 
 def build_disruption_budget(model: str, model_uid: str, spec: ModelSpec) -> dict[str, Any]:
@@ -56,17 +55,17 @@ def sync_failure(budget: dict[str, Any]) -> str:
 
 
 def resync_due(budget: dict[str, Any], now: float) -> bool:
-    """Has the budget not been touched for a resync in the last :data:`RESYNC_SECONDS`?"""
+    """Has the budget not been touched for a resync in the last ``BUDGET_RESYNC_SECONDS``?"""
     last = ((budget.get("metadata") or {}).get("annotations") or {}).get(RESYNC_ANNOTATION, "")
     try:
-        return now - float(last) >= RESYNC_SECONDS
+        return now - float(last) >= retry_policy.BUDGET_RESYNC_SECONDS
     except ValueError:
         return True
 
 
 def ensure_disruption_budget(ctx: ModelContext, state: ModelState, spec: ModelSpec) -> bool:
     """Keep the budget in line with the spec; False while the disruption controller could
-    not compute it (the pass then checks it again after :data:`RESYNC_SECONDS`)."""
+    not compute it (the pass then checks it again after ``BUDGET_RESYNC_SECONDS``)."""
     wanted = build_disruption_budget(ctx.name, ctx.uid, spec)
     budget = ensure_companion(ctx, state, wanted, ("maxUnavailable", "selector"))
     failure = sync_failure(budget or {})
@@ -78,5 +77,5 @@ def ensure_disruption_budget(ctx: ModelContext, state: ModelState, spec: ModelSp
                        {"metadata": {"annotations": {RESYNC_ANNOTATION: f"{now:.0f}"}}})
         ctx.event("BudgetResyncRequested", f"the disruption controller could not compute "
                   f"PodDisruptionBudget {budget['metadata']['name']} ({failure}); asked it to look again")
-    ctx.follow_up.recheck_in(RESYNC_SECONDS)
+    ctx.follow_up.recheck_in(retry_policy.BUDGET_RESYNC_SECONDS)
     return False

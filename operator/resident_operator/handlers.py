@@ -5,8 +5,10 @@
   label selectors for the children's watches, event posting level, the API client, the
   pass pool, the gate of owner calls (``owner_client.OwnerCalls``), the source-probe HTTP
   session and the cluster-wide orphan sweep (on a thread of its own).
-- ``model_handles`` indexes ResidentModels by UID; the value is the model's
-  :class:`~.driver.ModelHandle` (kept in its memo), which child handlers use to wake it.
+- ``Runtime.handles`` is the one registry of the models' :class:`~.driver.ModelHandle`
+  by UID, which child handlers use to wake a model; ``model_changed`` adds a model's
+  handle at its first event, keeps the children its status records, and removes it when
+  the model is gone.
 - ``model_changed`` and the ``*_changed`` handlers of its children (owner Pods, the token
   Secret, BundleDeliveries, the companions: Service, budget, control policy) wake the
   model a change concerns; ``drive`` (a daemon, one per model) runs its passes. Owner Pods
@@ -34,7 +36,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from . import metrics, naming
+from . import metrics, naming, retry_policy
 from .cleanup import abandon_stuck_children, delete_recorded_children
 from .child_cache import ChildCache
 from .children import recorded_uids
@@ -180,42 +182,36 @@ def _login_in_cluster(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 # -- what wakes a model -------------------------------------------------------------------
-def _handle(memo: kopf.Memo, namespace: str, name: str, uid: str) -> ModelHandle:
-    if "handle" not in memo:
-        memo.handle = ModelHandle(namespace, name, uid)
-        memo.runtime.handles[uid] = memo.handle
-    return memo.handle
-
-
-@kopf.index(*MODEL)
-async def model_handles(memo: kopf.Memo, namespace: str, name: str, uid: str, status: Any,
-                        **_: Any) -> dict[str, ModelHandle]:
-    handle = _handle(memo, namespace, name, uid)
-    handle.record(recorded_uids((status or {}).get("children")))
-    return {uid: handle}
+def _handle(rt: Runtime, namespace: str, name: str, uid: str) -> ModelHandle:
+    handle = rt.handles.get(uid)
+    if handle is None:
+        handle = rt.handles[uid] = ModelHandle(namespace, name, uid)
+    return handle
 
 
 @kopf.on.event(*MODEL)
 async def model_changed(memo: kopf.Memo, namespace: str, name: str, uid: str, meta: Any,
-                        type: str | None, **_: Any) -> None:
+                        status: Any, type: str | None, **_: Any) -> None:
     """The spec changed (a new generation) or deletion began; our own status writes do
-    not wake the model."""
-    handle = _handle(memo, namespace, name, uid)
-    generation = (meta.get("generation"), bool(meta.get("deletionTimestamp")))
+    not wake the model, but what they record is kept for the sweep."""
     if type == "DELETED":
         memo.runtime.handles.pop(uid, None)
-    elif generation != handle.generation:
+        return
+    handle = _handle(memo.runtime, namespace, name, uid)
+    handle.record(recorded_uids((status or {}).get("children")))
+    generation = (meta.get("generation"), bool(meta.get("deletionTimestamp")))
+    if generation != handle.generation:
         handle.generation = generation
         handle.poke("model")
 
 
-def _wake_model_of(labels: Any, model_handles: kopf.Index, cause: str, memo: kopf.Memo,
-                   event: Any) -> None:
+def _wake_model_of(labels: Any, cause: str, memo: kopf.Memo, event: Any) -> None:
     """Wake the model a child's event concerns, unless the event reports this operator's
     own write of it (a create's ADDED, a patch's MODIFIED): the pass that wrote it knew."""
     if event["type"] != "DELETED" and memo.runtime.kube.cache.is_own_write(event["object"]):
         return
-    for handle in model_handles.get(labels.get(naming.LABEL_MODEL_UID), []):
+    handle = memo.runtime.handles.get(labels.get(naming.LABEL_MODEL_UID))
+    if handle is not None:
         handle.poke(cause)
 
 
@@ -233,53 +229,48 @@ async def deliveries_listed(memo: kopf.Memo, body: Any, **_: Any) -> None:
 
 
 @kopf.on.event("pods", labels=OWNED)
-async def pod_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
-                      **_: Any) -> None:
+async def pod_changed(memo: kopf.Memo, event: Any, labels: Any, **_: Any) -> None:
     memo.runtime.kube.cache.observe("Pod", event["type"], event["object"])   # before the wake
-    _wake_model_of(labels, model_handles, "pod", memo, event)
+    _wake_model_of(labels, "pod", memo, event)
 
 
 @kopf.on.event(*EVENTS)
-async def mount_failed(memo: kopf.Memo, event: Any, model_handles: kopf.Index, **_: Any) -> None:
+async def mount_failed(memo: kopf.Memo, event: Any, **_: Any) -> None:
     """kubelet's FailedMount on a Pod (the API server sends no other Events): its model
     reads the bridge's answer from it at once."""
     cache = memo.runtime.kube.cache
     cache.observe("Event", event["type"], event["object"])
     model_uid = cache.model_uid_of((event["object"].get("involvedObject") or {}).get("uid", ""))
     if event["type"] != "DELETED" and model_uid:
-        for handle in model_handles.get(model_uid, []):
+        handle = memo.runtime.handles.get(model_uid)
+        if handle is not None:
             handle.poke("mount")
 
 
 @kopf.on.event("secrets", labels=OWNED)
-async def secret_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
-                         **_: Any) -> None:
-    _wake_model_of(labels, model_handles, "secret", memo, event)
+async def secret_changed(memo: kopf.Memo, event: Any, labels: Any, **_: Any) -> None:
+    _wake_model_of(labels, "secret", memo, event)
 
 
 @kopf.on.event("services", labels=OWNED)
-async def service_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
-                          **_: Any) -> None:
-    _wake_model_of(labels, model_handles, "service", memo, event)
+async def service_changed(memo: kopf.Memo, event: Any, labels: Any, **_: Any) -> None:
+    _wake_model_of(labels, "service", memo, event)
 
 
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
-async def budget_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
-                         **_: Any) -> None:
-    _wake_model_of(labels, model_handles, "budget", memo, event)
+async def budget_changed(memo: kopf.Memo, event: Any, labels: Any, **_: Any) -> None:
+    _wake_model_of(labels, "budget", memo, event)
 
 
 @kopf.on.event("networking.k8s.io", "networkpolicies", labels=OWNED)
-async def control_policy_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
-                                 **_: Any) -> None:
-    _wake_model_of(labels, model_handles, "control-policy", memo, event)
+async def control_policy_changed(memo: kopf.Memo, event: Any, labels: Any, **_: Any) -> None:
+    _wake_model_of(labels, "control-policy", memo, event)
 
 
 @kopf.on.event(*DELIVERIES, labels=OWNED)
-async def delivery_changed(memo: kopf.Memo, event: Any, labels: Any, model_handles: kopf.Index,
-                           **_: Any) -> None:
+async def delivery_changed(memo: kopf.Memo, event: Any, labels: Any, **_: Any) -> None:
     memo.runtime.kube.cache.observe("BundleDelivery", event["type"], event["object"])
-    _wake_model_of(labels, model_handles, "delivery", memo, event)
+    _wake_model_of(labels, "delivery", memo, event)
 
 
 # -- the model's passes ---------------------------------------------------------------------
@@ -291,7 +282,7 @@ async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: s
         rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="orphan sweep")
     rt.kube.cache.mark_ready()   # a daemon starts only once kopf's indexes are whole
     await _finalizer_added(body, stopped)
-    handle = _handle(memo, namespace, name, uid)
+    handle = _handle(rt, namespace, name, uid)
     one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock,
                                  handle.known, rt.sources, rt.owner_calls)
     await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds, rt.sources,
@@ -318,9 +309,11 @@ async def _finalizer_added(body: kopf.Body, stopped: kopf.DaemonStopped) -> None
 @kopf.on.delete(*MODEL, retries=None, backoff=1, timeout=None)  # until every child is gone
 def on_delete(memo: kopf.Memo, namespace: str, name: str, uid: str, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    lock = memo.handle.lock if "handle" in memo else None
+    handle = rt.handles.get(uid)
+    lock = handle.lock if handle is not None else None
     if lock is not None and not lock.acquire(timeout=DELETE_LOCK_SECONDS):
-        raise kopf.TemporaryError("a pass of this model is still running", delay=1)
+        raise kopf.TemporaryError("a pass of this model is still running",
+                                  delay=retry_policy.DELETE_SECONDS)
     try:
         ctx = model_context(rt.kube, rt.settings, namespace, name)
         if ctx is None or ctx.uid != uid:
@@ -332,7 +325,8 @@ def on_delete(memo: kopf.Memo, namespace: str, name: str, uid: str, **_: Any) ->
                                            rt.settings.delete_grace_seconds)
         if remaining:
             names = ", ".join(f"{r['kind']}/{r['name']}" for r in remaining[:5])
-            raise kopf.TemporaryError(f"waiting for {len(remaining)} children to go: {names}", delay=1)
+            raise kopf.TemporaryError(f"waiting for {len(remaining)} children to go: {names}",
+                                      delay=retry_policy.DELETE_SECONDS)
         ctx.event("CleanupDone", "every recorded child is gone; removing the finalizer")
         metrics.set_model_phase(f"{namespace}/{name}", None)
     finally:

@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator
 import kopf
 
 from . import children as ch
-from . import metrics
+from . import metrics, retry_policy
 from .kube import StatusConflict
 from .transition import TransitionState
 
@@ -78,7 +78,7 @@ class StatusSuperseded(kopf.TemporaryError):
 
     def __init__(self, keys: list[str]) -> None:
         super().__init__(f"another writer changed status {', '.join(keys)} meanwhile; "
-                         "the next pass starts from it", delay=0.5)
+                         "the next pass starts from it", delay=retry_policy.SUPERSEDED_SECONDS)
         self.keys = keys
 
 
@@ -175,7 +175,8 @@ class ModelState:
                 metrics.STATUS_CONFLICTS.inc()
                 fresh = self._store.read()
                 if fresh is None:
-                    raise kopf.TemporaryError("the model is gone", delay=1) from None
+                    raise kopf.TemporaryError("the model is gone",
+                                              delay=retry_policy.STATUS_SECONDS) from None
                 patch, superseded = rebase(origin, fresh.get("status") or {}, wanted)
                 self.resource_version = fresh["metadata"].get("resourceVersion")
                 continue
@@ -191,7 +192,7 @@ class ModelState:
                    "conflicts with other writers; the next pass starts again from the model as it is")
         log.warning(message)
         self._store.gave_up(message)
-        raise StatusWriteGaveUp(message, delay=1)
+        raise StatusWriteGaveUp(message, delay=retry_policy.STATUS_SECONDS)
 
     def _adopt(self, status: dict[str, Any], resource_version: str | None,
                keep: tuple[str, ...] = ()) -> None:

@@ -53,7 +53,7 @@ from typing import Any, Callable
 import aiohttp
 import kopf
 
-from . import metrics
+from . import metrics, retry_policy
 from .context import OwnerWait
 from .settings import OperatorSettings
 
@@ -289,7 +289,8 @@ class OwnerCalls:
 
 
 def _stopping() -> kopf.TemporaryError:
-    return kopf.TemporaryError("the operator is stopping: owners are not called", delay=1)
+    return kopf.TemporaryError("the operator is stopping: owners are not called",
+                                delay=retry_policy.STOPPING_SECONDS)
 
 
 class _slot:

@@ -20,7 +20,7 @@ from .prestage import kept_revisions
 from .model_state import ModelState
 from .observe import OwnerView
 from .owner_client import OwnerUnreachable
-from .owners import create_child, create_owner_pod, owner_client
+from .owners import create_child, owner_client, replace_owner
 from .settings import OperatorSettings
 from .spec import ModelSpec
 from .transition import Action, OwnerObservation, OwnerProgress, Step, TransitionState
@@ -191,10 +191,10 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
         release_deliveries(ctx, state, deliveries, p.slot, only_revision=t.to)
         return p
     if action == Action.replace_owner:
-        if view is not None and view.uid == p.pod_uid and not view.terminating:
-            ctx.kube.delete(ctx.namespace, "Pod", view.pod, view.uid)
-        release_deliveries(ctx, state, deliveries, p.slot)
-        pod = create_owner_pod(ctx, state, spec, p.slot, t.to, t.to_source, new_incarnation=True)
+        live = view is not None and view.uid == p.pod_uid and not view.terminating
+        pod = replace_owner(ctx, state, spec, p.slot, (view.pod, view.uid) if live else None,
+                            (t.to, t.to_source))
+        release_deliveries(ctx, state, deliveries, p.slot)   # the old incarnation's
         meta = pod["metadata"]
         ctx.event("OwnerReplaced", f"replaced owner {p.pod} with {meta['name']} on {t.to[:19]}: "
                                    f"{p.message}", warning=True)

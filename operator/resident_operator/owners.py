@@ -20,7 +20,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from . import children as ch
-from . import naming
+from . import naming, retry_policy
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import OwnerView, owner_view
@@ -32,7 +32,6 @@ from .pod_template import stamp
 from .spec import ModelSpec
 
 log = logging.getLogger("resident.operator")
-MOUNT_RECHECK_SECONDS = 3.0   # an owner Pod waits for its volume, its Events not watched
 
 
 def adoptable(obj: dict[str, Any], model_uid: str) -> bool:
@@ -72,7 +71,7 @@ def ensure_token(ctx: ModelContext, state: ModelState) -> str:
                           announce=("TokenSecretCreated", f"owner token Secret {name}"))
     if secret is None:
         raise kopf.TemporaryError(f"Secret {name} exists and is not ours; waiting for it to go",
-                                  delay=10)
+                                  delay=retry_policy.NAME_HELD_SECONDS)
     return base64.b64decode(secret["data"][naming.TOKEN_KEY]).decode()
 
 
@@ -103,7 +102,18 @@ def create_owner_pod(ctx: ModelContext, state: ModelState, spec: ModelSpec, slot
                 continue
             return got
         state.bump_incarnation(slot)
-    raise kopf.TemporaryError(f"owner slot {slot}: every Pod name tried is taken", delay=5)
+    raise kopf.TemporaryError(f"owner slot {slot}: every Pod name tried is taken",
+                              delay=retry_policy.SLOT_NAMES_TAKEN_SECONDS)
+
+
+def replace_owner(ctx: ModelContext, state: ModelState, spec: ModelSpec, slot: int,
+                  old: tuple[str, str] | None, revision: tuple[str, str]) -> dict[str, Any]:
+    """The one way an owner is replaced: its Pod ``old`` (name, UID; None when it is gone or
+    already going) is deleted by UID, and the slot's next incarnation is created on
+    ``revision`` (digest, source). The caller says why, in its own Event."""
+    if old is not None:
+        ctx.kube.delete(ctx.namespace, "Pod", *old)
+    return create_owner_pod(ctx, state, spec, slot, *revision, new_incarnation=True)
 
 
 def ensure_owner_pods(ctx: ModelContext, state: ModelState, spec: ModelSpec,
@@ -149,9 +159,8 @@ def replace_broken_owners(ctx: ModelContext, state: ModelState, spec: ModelSpec,
         if v.state not in BROKEN_STATES or v.terminating:
             kept.append(v)
             continue
-        ctx.kube.delete(ctx.namespace, "Pod", v.pod, v.uid)
-        pod = create_owner_pod(ctx, state, spec, v.slot, state.bundle["digest"],
-                               state.bundle["source"], new_incarnation=True)
+        pod = replace_owner(ctx, state, spec, v.slot, (v.pod, v.uid),
+                            (state.bundle["digest"], state.bundle["source"]))
         ctx.event("OwnerReplaced", f"owner {v.pod} is {v.state}; replaced by "
                                    f"{pod['metadata']['name']} on {state.bundle['digest'][:19]}",
                   warning=True)
@@ -183,7 +192,7 @@ def with_mount_verdict(ctx: ModelContext, view: OwnerView) -> OwnerView:
             "model": f"{ctx.namespace}/{ctx.name}", "pod": view.pod, "error": f"{e.status} {e.reason}"})
         events, watched = [], False
     if not watched:
-        ctx.follow_up.recheck_in(MOUNT_RECHECK_SECONDS)
+        ctx.follow_up.recheck_in(retry_policy.MOUNT_RECHECK_SECONDS)
     code, message = mount_verdict(events)
     return replace(view, mount_code=code, mount_message=message)
 

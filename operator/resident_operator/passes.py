@@ -20,7 +20,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from . import conditions as c
-from . import metrics, naming
+from . import metrics, naming, retry_policy
 from .context import FollowUp, ModelContext
 from .kube import Kube
 from .owner_client import OwnerCalls
@@ -29,7 +29,6 @@ from .settings import OperatorSettings
 from .source_probes import SourceProbes
 
 log = logging.getLogger("resident.operator")
-ERROR_RETRY_SECONDS = 5.0
 
 
 def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: str
@@ -67,7 +66,7 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
         except Exception as e:  # noqa: BLE001 - the API server may be restarting
             log.warning("cannot read the model", extra={"model": f"{namespace}/{name}",
                                                         "error": f"{type(e).__name__}: {e}"})
-            return FollowUp(due=ERROR_RETRY_SECONDS)
+            return FollowUp(due=retry_policy.ERROR_SECONDS)
         if ctx is None or ctx.uid != uid:
             return None
         ctx.token, ctx.endpoint = known.get("token", ""), known.get("endpoint")
@@ -86,13 +85,13 @@ def _reconcile(ctx: ModelContext) -> None:
     except kopf.TemporaryError as e:
         metrics.RECONCILES.labels(result="waiting").inc()
         log.info("pass waits", extra={"model": model, "reason": str(e)})
-        ctx.follow_up.recheck_in(e.delay or ERROR_RETRY_SECONDS)
+        ctx.follow_up.recheck_in(e.delay or retry_policy.ERROR_SECONDS)
         return
     except Exception as e:  # noqa: BLE001 - counted, logged, shown on the model and retried
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.labels(reason=type(e).__name__).inc()
         log.exception("pass failed", extra={"model": model})
-        ctx.follow_up.recheck_in(ERROR_RETRY_SECONDS)
+        ctx.follow_up.recheck_in(retry_policy.ERROR_SECONDS)
         _report_failure(ctx, e)
         return
     finally:

@@ -17,7 +17,7 @@ from typing import Any
 
 from bundle.errors import PlanError
 
-from . import metrics
+from . import metrics, retry_policy
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import Blocker, OwnerView
@@ -30,8 +30,6 @@ from .transition import (BEFORE_COMMIT, OwnerProgress, Step, TransitionState, ab
 from .transition_summary import summarize
 
 
-BLOCKED_RETRY_SECONDS = 10.0      # a transition that could not start for another reason (plan failed)
-OWNER_STATE_RETRY_SECONDS = 1.0   # waiting for an owner to be ready without a transition to wait on
 
 
 def start_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
@@ -96,7 +94,7 @@ def step_transition(ctx: ModelContext, state: ModelState, spec: ModelSpec,
             retry_later(ctx)
             return blocker
         if blocker is not None or state.transition is None:
-            ctx.follow_up.recheck_in(BLOCKED_RETRY_SECONDS)
+            ctx.follow_up.recheck_in(retry_policy.BLOCKED_SECONDS)
             return blocker
     t = state.transition
     if spec.bundle.digest != t.to:
@@ -205,7 +203,7 @@ def _schedule_recheck(ctx: ModelContext, spec: ModelSpec, p: OwnerProgress, now:
     if p.started_at is not None:
         ctx.follow_up.recheck_in(p.started_at + spec.transition.timeout_seconds - now + 0.1)
     if (p.step == Step.applying and not p.owner_transition) or p.step == Step.verifying:
-        ctx.follow_up.recheck_in(OWNER_STATE_RETRY_SECONDS)  # the owner's state, not a watch
+        ctx.follow_up.recheck_in(retry_policy.OWNER_STATE_SECONDS)  # the owner's state, not a watch
 
 
 def _announce(ctx: ModelContext, t: TransitionState, p: OwnerProgress) -> None:

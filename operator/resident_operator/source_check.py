@@ -44,6 +44,7 @@ from bundle.manifest import Manifest, ManifestError
 from bundle.sources import RetryPolicy, SourceCredentials, is_outage, open_source, reads_credentials
 
 from . import conditions as c
+from . import retry_policy
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import Blocker
@@ -53,8 +54,6 @@ from .spec import ModelSpec
 SOURCE_REASONS = ("SourceUnavailable", "DigestMismatch", "AccessDenied", "CredentialsUnavailable")
 QUICK = RetryPolicy(attempts=2, backoff_seconds=0.5, connect_timeout_seconds=3.0,
                     read_timeout_seconds=3.0)
-FIRST_RETRY_SECONDS = 2.0
-MAX_RETRY_SECONDS = 60.0
 
 
 class SourceProblem(Exception):
@@ -175,20 +174,17 @@ def _read_manifest(source: str, digest: str, credentials: SourceCredentials | No
 
 
 def retry_after(conditions: list[dict[str, Any]] | None, now: float) -> float:
-    """Seconds until a source that failed is tried again: capped exponential backoff.
-
-    The wait is the time the model has been Degraded for a source reason (at least 2 s,
-    at most 60 s), so retries fall at about 2, 4, 8, 16, 32, 64, then every 60 s after
-    the failure began. It needs no counter: the condition's ``lastTransitionTime`` is
-    the durable record, so a restarted operator keeps the pace."""
+    """Seconds until a source that failed is tried again (``retry_policy.source_retry_after``),
+    from how long the model has been Degraded for a source reason. It needs no counter: the
+    condition's ``lastTransitionTime`` is the durable record, so a restarted operator keeps
+    the pace."""
     degraded = c.find(conditions, c.DEGRADED) or {}
     if degraded.get("status") != "True" or degraded.get("reason") not in SOURCE_REASONS:
-        return FIRST_RETRY_SECONDS
+        return retry_policy.source_retry_after(None)
     try:
-        age = c.seconds_since(degraded["lastTransitionTime"], now)
+        return retry_policy.source_retry_after(c.seconds_since(degraded["lastTransitionTime"], now))
     except (KeyError, TypeError, ValueError):
-        return FIRST_RETRY_SECONDS
-    return min(MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, age))
+        return retry_policy.source_retry_after(None)
 
 
 def check_first_placement(ctx: ModelContext, state: ModelState, spec: ModelSpec) -> Blocker | None:

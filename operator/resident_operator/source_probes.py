@@ -27,11 +27,11 @@ model's ``AccessDenied``, not an outage. The first model whose read
 finds the source down opens the probe; every model whose pass needs that source while
 the probe is open does not read the source at all: it reports ``SourceUnavailable`` and
 joins the probe's waiters. Probes are made 2 s, 4 s, 8 s... after the failure, at most
-60 s apart, whatever the number of waiters. When a probe answers, the probe closes and
-every waiter is woken; each reads its manifest again. A source that fails again within
-:data:`RELAPSE_SECONDS` of answering resumes the backoff where it was instead of at 2 s,
-so a server that answers probes but fails reads does not make every model read it every
-2 s. A waiter that is deleted leaves; a probe with no waiter left stops.
+60 s apart, whatever the number of waiters (``retry_policy.source_backoff``). When a
+probe answers, the probe closes and every waiter is woken; each reads its manifest again.
+A source that fails again within ``retry_policy.RELAPSE_SECONDS`` of answering resumes the
+backoff where it was instead of at 2 s, so a server that answers probes but fails reads
+does not make every model read it every 2 s. A waiter that is deleted leaves; a probe with no waiter left stops.
 
 This module is the registry alone, pure and thread-safe: passes (threads) ask whether a
 source is down, the driver (the event loop) opens probes, records their results and wakes
@@ -49,9 +49,8 @@ from bundle.manifest import ManifestError
 from bundle.sources.hf import HfLocation
 from bundle.sources.s3 import S3Location
 
-FIRST_PROBE_SECONDS = 2.0
-MAX_PROBE_SECONDS = 60.0
-RELAPSE_SECONDS = 60.0
+from . import retry_policy
+
 TRANSPORTS = {"http": "http", "https": "https", "oci": "https", "oci+https": "https", "oci+http": "http"}
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -103,11 +102,6 @@ class Probe:
         return probe_url(self.key)
 
 
-def backoff(failures: int) -> float:
-    """Seconds from a failure to the next probe: 2, 4, 8, ... capped at 60."""
-    return min(MAX_PROBE_SECONDS, FIRST_PROBE_SECONDS * 2 ** max(0, failures))
-
-
 class SourceProbes:
     """The open probes by source key (operator-wide, one instance)."""
 
@@ -137,8 +131,9 @@ class SourceProbes:
                 probe.waiters.add(waiter)
                 return None
             when, failures = self._answered.pop(key, (None, 0))
-            failures = failures + 1 if when is not None and now - when < RELAPSE_SECONDS else 0
-            probe = Probe(key, error, now + backoff(failures), failures, {waiter})
+            relapse = when is not None and now - when < retry_policy.RELAPSE_SECONDS
+            failures = failures + 1 if relapse else 0
+            probe = Probe(key, error, now + retry_policy.source_backoff(failures), failures, {waiter})
             self._open[key] = probe
             return probe
 
@@ -154,7 +149,7 @@ class SourceProbes:
             probe = self._open.get(key)
             if probe is not None:
                 probe.failures += 1
-                probe.error, probe.due = error, now + backoff(probe.failures)
+                probe.error, probe.due = error, now + retry_policy.source_backoff(probe.failures)
 
     def answered(self, key: str, now: float) -> set[Hashable]:
         """A probe found the source answering: close it; return every waiter, to wake."""

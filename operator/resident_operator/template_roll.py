@@ -21,7 +21,7 @@ from typing import Any
 from .context import ModelContext
 from .model_state import ModelState
 from .observe import OwnerView, owner_view
-from .owners import create_owner_pod
+from .owners import replace_owner
 from .pod_template import outdated, template_hash
 from .spec import ModelSpec
 
@@ -42,9 +42,8 @@ def roll_pod_template(ctx: ModelContext, state: ModelState, spec: ModelSpec,
             if budget <= 0:
                 break
             budget -= 1
-        ctx.kube.delete(ctx.namespace, "Pod", v.pod, v.uid)
-        pod = create_owner_pod(ctx, state, spec, v.slot, state.bundle["digest"], state.bundle["source"],
-                               new_incarnation=True)
+        pod = replace_owner(ctx, state, spec, v.slot, (v.pod, v.uid),
+                            (state.bundle["digest"], state.bundle["source"]))
         ctx.event("OwnerPodRolled", f"owner Pod {v.pod} was made from an older Pod template; "
                                     f"replaced by {pod['metadata']['name']} (template {current}) "
                                     f"on the same revision {state.bundle['digest'][:19]}")

@@ -8,7 +8,8 @@ import resident_operator
 
 PKG = Path(resident_operator.__file__).parent
 PURE = ("spec", "settings", "naming", "placement", "pod_template", "pod_verdicts", "delivery", "conditions",
-        "transition", "transition_summary", "planning", "observe", "children", "source_probes")
+        "transition", "transition_summary", "planning", "observe", "children", "source_probes",
+        "retry_policy")
 SIDE_EFFECTS = {"kubernetes", "kopf", "requests", "resident_operator.kube",
                 "resident_operator.owner_client", "resident_operator.handlers"}
 
@@ -39,7 +40,8 @@ def test_pure_modules_have_no_side_effect_imports():
 # modules of its own layer or of a layer below. Every module is placed: a new one must be.
 LAYERS = {
     "pure": {"spec", "settings", "naming", "conditions", "children", "delivery", "placement", "pod_template",
-             "pod_verdicts", "planning", "transition", "transition_summary", "observe", "source_probes"},
+             "pod_verdicts", "planning", "transition", "transition_summary", "observe", "source_probes",
+             "retry_policy"},
     "effects": {"kube", "child_cache", "owner_client", "context", "model_state", "metrics", "structured_logs"},
     "steps": {"owners", "owner_step", "rollout", "template_roll", "prestage", "companions", "serving",
               "control_policy", "disruption", "source_check", "cleanup", "reconcile"},
@@ -75,3 +77,47 @@ def test_modules_explain_themselves():
     by length, not by meaning (shared/STYLE.md)."""
     for path in PKG.glob("*.py"):
         assert ast.get_docstring(ast.parse(path.read_text())), f"{path.name} has no docstring"
+
+
+RETRY_WORDS = ("RETRY", "BACKOFF", "RECHECK", "PROBE", "RESYNC", "RELAPSE")
+
+
+def _number(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+        and not isinstance(node.value, bool) and node.value > 0
+
+
+def test_retry_delays_live_in_retry_policy_alone():
+    """One module holds retry policy: a number given as a pass's next try (``recheck_in``,
+    ``FollowUp(due=...)``, ``TemporaryError(delay=...)``), or a module constant named
+    for a retry or backoff, anywhere else fails."""
+    found = []
+    for path in sorted(PKG.glob("*.py")):
+        if path.stem == "retry_policy":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if callee == "recheck_in" and node.args and _number(node.args[0]):
+                    found.append(f"{path.name}:{node.lineno} recheck_in({node.args[0].value})")
+                found += [f"{path.name}:{node.lineno} {k.arg}={k.value.value}" for k in node.keywords
+                          if k.arg in ("delay", "due") and _number(k.value)]
+            elif isinstance(node, ast.Assign) and _number(node.value):
+                found += [f"{path.name}:{node.lineno} {t.id}" for t in node.targets
+                          if isinstance(t, ast.Name) and any(w in t.id for w in RETRY_WORDS)]
+    assert not found, f"retry delays outside retry_policy.py: {found}"
+
+
+def test_one_function_replaces_an_owner():
+    """A slot's next incarnation made on purpose (``new_incarnation=True``) is made by
+    ``owners.replace_owner`` alone, which also deletes the Pod it replaces."""
+    found = []
+    for path in sorted(PKG.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        allowed = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                   and path.stem == "owners" and f.name == "replace_owner" for n in ast.walk(f)}
+        found += [f"{path.name}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and id(node) not in allowed
+                  and any(k.arg == "new_incarnation" and isinstance(k.value, ast.Constant)
+                          and k.value.value is True for k in node.keywords)]
+    assert not found, f"an owner replaced outside owners.replace_owner: {found}"

@@ -12,7 +12,8 @@ from bundle.errors import SourceUnavailable
 from bundle.sources import is_outage
 from bundle.sources.ranged import TransientUnavailable
 from resident_operator.driver import probe_source
-from resident_operator.source_probes import SourceProbes, backoff, source_key
+from resident_operator.retry_policy import source_backoff
+from resident_operator.source_probes import SourceProbes, source_key
 
 
 @pytest.mark.parametrize("uri,key", [
@@ -50,7 +51,7 @@ def test_buckets_on_one_s3_endpoint_share_its_probe_whatever_their_addressing():
 
 
 def test_backoff_doubles_from_two_seconds_to_a_minute():
-    assert [backoff(n) for n in range(8)] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+    assert [source_backoff(n) for n in range(8)] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
 
 
 def test_the_first_model_opens_the_probe_and_the_others_join_it():
@@ -143,7 +144,7 @@ class Answers:
 
 def test_the_probe_loop_probes_one_url_until_it_answers_then_wakes_all(monkeypatch):
     probes, waiters = SourceProbes(), [Waiter() for _ in range(10)]
-    monkeypatch.setattr("resident_operator.source_probes.FIRST_PROBE_SECONDS", 0.01)
+    monkeypatch.setattr("resident_operator.retry_policy.SOURCE_FIRST_SECONDS", 0.01)
     for i, w in enumerate(waiters):
         opened = probes.wait(f"http://h:9/m/{i}", w, "refused", now=time.monotonic())
         if i == 0:
