@@ -52,6 +52,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "operator.owner.spread.maxSkew": {"type": "integer", "minimum": 1},
     "operator.owner.spread.whenUnsatisfiable": {"enum": ["ScheduleAnyway", "DoNotSchedule"]},
     "operator.resyncSeconds": POSITIVE_SECONDS,
+    "operator.resyncPassesPerSecond": {"type": "number", "exclusiveMinimum": 0},
     "operator.sweepSeconds": POSITIVE_SECONDS,
     "operator.deleteGraceSeconds": POSITIVE_SECONDS,
     "operator.extraEnv": NAMED_ITEMS,

@@ -10,7 +10,9 @@ A pass runs when something it depends on changed, never on a tick:
   retry of an unreachable owner or of a source the model reads alone (``file://``, a 404);
 - the probe of a source that was down answering (:func:`probe_source`): one probe per
   source, whatever the number of models waiting on it (``source_probes.py``);
-- the slow safety resync (``RESIDENT_RESYNC_SECONDS``, with jitter).
+- the slow safety resync (``RESIDENT_RESYNC_SECONDS``, with jitter; less often when the
+  models are so many that their resyncs together would pass more than
+  ``RESIDENT_RESYNC_PASSES_PER_SECOND`` models a second: :func:`resync_period`).
 
 A pass that made progress asks to run again at once, so the steps of a transition follow
 each other with no delay. The wake flag is cleared before the pass reads anything: any
@@ -85,6 +87,14 @@ FORGETS = {"secret": ("token",), "model": ("endpoint",), "service": ("endpoint",
            "budget": ("endpoint",), "control-policy": ("endpoint",), "sweep": ("token", "endpoint")}
 
 
+def resync_period(models: int, seconds: float, passes_per_second: float) -> float:
+    """Seconds between a settled model's safety resyncs: ``seconds``, or longer when the
+    operator's ``models`` would otherwise make more than ``passes_per_second`` resync passes
+    a second together (3,000 models at 3 a second: every 1,000 s). The resync is a safety
+    net under the watches; with many models it must not become the operator's main work."""
+    return max(seconds, models / passes_per_second)
+
+
 def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:
     """Seconds until the next pass if no event comes (0 to go on at once, else the earliest
     due time, at most the safety resync, jittered by up to 10 % so models spread out), and
@@ -98,10 +108,11 @@ def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:
 
 
 async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], FollowUp | None],
-                pool: Executor, session: aiohttp.ClientSession, resync_seconds: float,
+                pool: Executor, session: aiohttp.ClientSession, resync_seconds: Callable[[], float],
                 sources: SourceProbes | None = None, owner_calls: OwnerCalls | None = None) -> None:
-    """Run passes until the model is deleted (``stopped``) or gone. ``owner_calls`` waits
-    on owner transitions (none are waited on without it)."""
+    """Run passes until the model is deleted (``stopped``) or gone. ``resync_seconds()``:
+    the safety resync's period now (:func:`resync_period`). ``owner_calls`` waits on owner
+    transitions (none are waited on without it)."""
     loop = asyncio.get_running_loop()
     wait, resync = 0.0, False
     try:
@@ -125,7 +136,7 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
                 if opened is not None:   # this model found the source down first
                     opened.task = asyncio.create_task(probe_source(sources, opened.key, session),
                                                       name=f"source-probe {opened.key}")
-            wait, resync = next_wait(follow, resync_seconds)
+            wait, resync = next_wait(follow, resync_seconds())
     finally:
         for task in list(handle.waiters.values()):
             task.cancel()

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from resident_operator.context import FollowUp
-from resident_operator.driver import ModelHandle, drive, next_wait
+from resident_operator.driver import ModelHandle, drive, next_wait, resync_period
 
 
 class Stopped:
@@ -38,6 +38,13 @@ def test_next_wait_prefers_again_then_the_earliest_due_within_the_resync():
     assert f.due == 3
 
 
+def test_the_safety_resync_comes_less_often_once_the_models_would_pass_more_than_the_rate():
+    assert resync_period(300, 300, 3) == 300        # 1 resync pass a second: the period holds
+    assert resync_period(900, 300, 3) == 300        # exactly the rate
+    assert resync_period(3000, 300, 3) == 1000      # 10 a second otherwise: stretched to 3
+    assert resync_period(0, 300, 3) == 300
+
+
 def test_a_burst_during_a_pass_causes_exactly_one_more_pass_and_passes_never_overlap():
     calls, running, overlaps = [], threading.Lock(), []
     first_pass_may_end = threading.Event()    # the burst lands inside the first pass, however slow the machine
@@ -62,7 +69,7 @@ def test_a_burst_during_a_pass_causes_exactly_one_more_pass_and_passes_never_ove
                 running.release()
 
         with ThreadPoolExecutor(4) as pool:
-            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 300))
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, lambda: 300))
             await until(1)                      # the first pass runs (a new driver starts with one)
             for _ in range(50):                 # a burst of events during that pass
                 handle.poke("pod")
@@ -94,7 +101,7 @@ def test_progress_runs_again_at_once_and_a_due_time_wakes_the_model():
             return plan[len(calls) - 1] if len(calls) <= len(plan) else FollowUp()
 
         with ThreadPoolExecutor(1) as pool:
-            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 300))
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, lambda: 300))
             await asyncio.sleep(1.0)
             stopped.flag.set()
             await asyncio.wait_for(task, 2)
@@ -109,7 +116,7 @@ def test_a_gone_model_ends_the_driver():
     async def scenario():
         with ThreadPoolExecutor(1) as pool:
             await asyncio.wait_for(drive(ModelHandle("ns", "m", "u"), Stopped(), lambda: None,
-                                         pool, None, 300), 2)
+                                         pool, None, lambda: 300), 2)
     asyncio.run(scenario())
 
 
@@ -172,7 +179,7 @@ def test_the_safety_resync_runs_a_pass_that_reuses_what_is_known():
             return FollowUp()
 
         with ThreadPoolExecutor(1) as pool:
-            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 0.3))
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, lambda: 0.3))
             await asyncio.sleep(0.1)
             handle.poke("pod")                  # an event: what is known stays
             await asyncio.sleep(0.1)
