@@ -53,8 +53,8 @@ Installation settings come from the environment:
                                      ScheduleAnyway (default) or DoNotSchedule
   RESIDENT_RESYNC_SECONDS            safety resync of a settled model (default 300)
   RESIDENT_RESYNC_PASSES_PER_SECOND  the resyncs of all models together pass at most
-                                     this many a second; more models than 300 x this
-                                     resync less often (default 3)
+                                     this many models a second; a due resync waits its
+                                     turn (default 3)
   RESIDENT_SWEEP_SECONDS             cluster-wide sweep of labelled orphans (default 60)
   RESIDENT_SWEEP_BUDGET_SECONDS      the longest one sweep runs (default 20)
   RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)

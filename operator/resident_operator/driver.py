@@ -10,9 +10,10 @@ A pass runs when something it depends on changed, never on a tick:
   retry of an unreachable owner or of a source the model reads alone (``file://``, a 404);
 - the probe of a source that was down answering (:func:`probe_source`): one probe per
   source, whatever the number of models waiting on it (``source_probes.py``);
-- the slow safety resync (``RESIDENT_RESYNC_SECONDS``, with jitter; less often when the
-  models are so many that their resyncs together would pass more than
-  ``RESIDENT_RESYNC_PASSES_PER_SECOND`` models a second: :func:`resync_period`).
+- the slow safety resync (``RESIDENT_RESYNC_SECONDS``, with jitter). A due resync waits
+  for its turn (:class:`ResyncTurns`): all models' resyncs together pass at most
+  ``RESIDENT_RESYNC_PASSES_PER_SECOND`` models a second, so with many models each one's
+  resync comes less often, never in a burst (models created together come due together).
 
 A pass that made progress asks to run again at once, so the steps of a transition follow
 each other with no delay. The wake flag is cleared before the pass reads anything: any
@@ -87,12 +88,22 @@ FORGETS = {"secret": ("token",), "model": ("endpoint",), "service": ("endpoint",
            "budget": ("endpoint",), "control-policy": ("endpoint",), "sweep": ("token", "endpoint")}
 
 
-def resync_period(models: int, seconds: float, passes_per_second: float) -> float:
-    """Seconds between a settled model's safety resyncs: ``seconds``, or longer when the
-    operator's ``models`` would otherwise make more than ``passes_per_second`` resync passes
-    a second together (3,000 models at 3 a second: every 1,000 s). The resync is a safety
-    net under the watches; with many models it must not become the operator's main work."""
-    return max(seconds, models / passes_per_second)
+class ResyncTurns:
+    """Turns for the safety resyncs of all models, at most ``per_second`` a second, first
+    come first served (used on the operator's event loop only). The resync is a net under
+    the watches: at 3,000 models and 3 a second each model's comes every 1,000 s or so, and
+    it never becomes the operator's main work. A model woken by an event while it waits
+    for its turn lets the turn go unused."""
+
+    def __init__(self, per_second: float) -> None:
+        self.interval = 1.0 / per_second
+        self.free_at = float("-inf")
+
+    def take(self, now: float) -> float:
+        """Take the next free turn: seconds from ``now`` (monotonic) until it comes."""
+        turn = max(now, self.free_at)
+        self.free_at = turn + self.interval
+        return turn - now
 
 
 def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:
@@ -108,11 +119,12 @@ def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:
 
 
 async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], FollowUp | None],
-                pool: Executor, session: aiohttp.ClientSession, resync_seconds: Callable[[], float],
-                sources: SourceProbes | None = None, owner_calls: OwnerCalls | None = None) -> None:
-    """Run passes until the model is deleted (``stopped``) or gone. ``resync_seconds()``:
-    the safety resync's period now (:func:`resync_period`). ``owner_calls`` waits on owner
-    transitions (none are waited on without it)."""
+                pool: Executor, session: aiohttp.ClientSession, resync_seconds: float,
+                sources: SourceProbes | None = None, owner_calls: OwnerCalls | None = None,
+                resync_turns: ResyncTurns | None = None) -> None:
+    """Run passes until the model is deleted (``stopped``) or gone. ``owner_calls`` waits
+    on owner transitions (none are waited on without it); a due safety resync waits for
+    its turn in ``resync_turns`` (none: at once)."""
     loop = asyncio.get_running_loop()
     wait, resync = 0.0, False
     try:
@@ -120,6 +132,10 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
             await _sleep(handle.wake, stopped, wait)
             if stopped:
                 break
+            if resync and not handle.wake.is_set() and resync_turns is not None:
+                await _sleep(handle.wake, stopped, resync_turns.take(time.monotonic()))
+                if stopped:
+                    break
             if resync and not handle.wake.is_set():
                 handle.poke("resync")
             handle.wake.clear()
@@ -136,7 +152,7 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
                 if opened is not None:   # this model found the source down first
                     opened.task = asyncio.create_task(probe_source(sources, opened.key, session),
                                                       name=f"source-probe {opened.key}")
-            wait, resync = next_wait(follow, resync_seconds())
+            wait, resync = next_wait(follow, resync_seconds)
     finally:
         for task in list(handle.waiters.values()):
             task.cancel()

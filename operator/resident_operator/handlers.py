@@ -40,7 +40,7 @@ from . import metrics, naming, retry_policy
 from .cleanup import abandon_stuck_children, delete_recorded_children
 from .child_cache import ChildCache
 from .children import recorded_uids
-from .driver import ModelHandle, drive, resync_period
+from .driver import ModelHandle, ResyncTurns, drive
 from .kube import MOUNT_EVENTS, Kube, load_config
 from .owner_client import OwnerCalls
 from .passes import model_context, run_pass
@@ -73,11 +73,8 @@ class Runtime:
         self.handles: dict[str, ModelHandle] = {}
         self.sweeper: asyncio.Task | None = None
         self.sources = SourceProbes()   # one probe per source that is down, shared by its models
+        self.resync_turns = ResyncTurns(settings.resync_passes_per_second)
 
-    def resync_seconds(self) -> float:
-        """The safety resync's period for the models this operator drives now."""
-        return resync_period(len(self.handles), self.settings.resync_seconds,
-                             self.settings.resync_passes_per_second)
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -290,8 +287,8 @@ async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: s
     handle = _handle(rt, namespace, name, uid)
     one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock,
                                  handle.known, rt.sources, rt.owner_calls)
-    await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.resync_seconds, rt.sources,
-                rt.owner_calls)
+    await drive(handle, stopped, one_pass, rt.pool, rt.session, rt.settings.resync_seconds, rt.sources,
+                rt.owner_calls, rt.resync_turns)
 
 
 FINALIZER_WAIT_SECONDS = 5.0

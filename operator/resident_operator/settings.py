@@ -45,8 +45,8 @@ class OperatorSettings(BaseModel):
     resync_seconds: float = Field(default=300.0, gt=0, description=(
         "safety resync: a settled model is passed again this often even if nothing woke it"))
     resync_passes_per_second: float = Field(default=3.0, gt=0, description=(
-        "the safety resyncs of all models together pass at most this many models a second: "
-        "with more models than resync_seconds times this, each model's resync comes less often"))
+        "the safety resyncs of all models together pass at most this many models a second: a "
+        "due resync waits its turn, so with many models each model's resync comes less often"))
     sweep_seconds: float = Field(default=60.0, gt=0, description=(
         "how often the cluster-wide sweep looks for labelled orphans"))
     sweep_budget_seconds: float = Field(default=20.0, gt=0, description=(

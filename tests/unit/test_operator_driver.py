@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from resident_operator.context import FollowUp
-from resident_operator.driver import ModelHandle, drive, next_wait, resync_period
+from resident_operator.driver import ModelHandle, ResyncTurns, drive, next_wait
 
 
 class Stopped:
@@ -38,11 +38,11 @@ def test_next_wait_prefers_again_then_the_earliest_due_within_the_resync():
     assert f.due == 3
 
 
-def test_the_safety_resync_comes_less_often_once_the_models_would_pass_more_than_the_rate():
-    assert resync_period(300, 300, 3) == 300        # 1 resync pass a second: the period holds
-    assert resync_period(900, 300, 3) == 300        # exactly the rate
-    assert resync_period(3000, 300, 3) == 1000      # 10 a second otherwise: stretched to 3
-    assert resync_period(0, 300, 3) == 300
+def test_resync_turns_pass_at_most_the_rate_first_come_first_served():
+    turns = ResyncTurns(per_second=4)
+    assert turns.take(100.0) == 0.0                          # a free turn: at once
+    assert [turns.take(100.0) for _ in range(3)] == [0.25, 0.5, 0.75]   # a burst queues
+    assert turns.take(200.0) == 0.0                          # the queue ran empty meanwhile
 
 
 def test_a_burst_during_a_pass_causes_exactly_one_more_pass_and_passes_never_overlap():
@@ -69,7 +69,7 @@ def test_a_burst_during_a_pass_causes_exactly_one_more_pass_and_passes_never_ove
                 running.release()
 
         with ThreadPoolExecutor(4) as pool:
-            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, lambda: 300))
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 300))
             await until(1)                      # the first pass runs (a new driver starts with one)
             for _ in range(50):                 # a burst of events during that pass
                 handle.poke("pod")
@@ -101,7 +101,7 @@ def test_progress_runs_again_at_once_and_a_due_time_wakes_the_model():
             return plan[len(calls) - 1] if len(calls) <= len(plan) else FollowUp()
 
         with ThreadPoolExecutor(1) as pool:
-            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, lambda: 300))
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 300))
             await asyncio.sleep(1.0)
             stopped.flag.set()
             await asyncio.wait_for(task, 2)
@@ -116,7 +116,7 @@ def test_a_gone_model_ends_the_driver():
     async def scenario():
         with ThreadPoolExecutor(1) as pool:
             await asyncio.wait_for(drive(ModelHandle("ns", "m", "u"), Stopped(), lambda: None,
-                                         pool, None, lambda: 300), 2)
+                                         pool, None, 300), 2)
     asyncio.run(scenario())
 
 
@@ -179,7 +179,7 @@ def test_the_safety_resync_runs_a_pass_that_reuses_what_is_known():
             return FollowUp()
 
         with ThreadPoolExecutor(1) as pool:
-            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, lambda: 0.3))
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 0.3))
             await asyncio.sleep(0.1)
             handle.poke("pod")                  # an event: what is known stays
             await asyncio.sleep(0.1)
@@ -188,5 +188,32 @@ def test_the_safety_resync_runs_a_pass_that_reuses_what_is_known():
             stopped.flag.set()                  # trusts the watch and the sweep for the rest
             await asyncio.wait_for(task, 2)
         assert len(seen) >= 3 and seen[2].get("token") == "t" and seen[2].get("endpoint") == "e"
+
+    asyncio.run(scenario())
+
+
+def test_the_resyncs_of_many_models_together_keep_to_their_turns():
+    """Three models due for a resync every 50 ms would pass 60 times a second; with turns
+    of 10 a second they pass about 10 times, and an event still wakes a model at once."""
+    async def scenario():
+        turns, stopped, passes = ResyncTurns(per_second=10), Stopped(), []
+        handles = [ModelHandle("ns", f"m{i}", f"uid{i}") for i in range(3)]
+
+        def one_pass_of(h):
+            return lambda: passes.append((h.name, time.monotonic())) or FollowUp()
+
+        with ThreadPoolExecutor(3) as pool:
+            tasks = [asyncio.create_task(drive(h, stopped, one_pass_of(h), pool, None, 0.05,
+                                               resync_turns=turns)) for h in handles]
+            await asyncio.sleep(1.0)
+            before = len(passes)
+            handles[0].poke("pod")              # an event does not wait for a turn
+            await asyncio.sleep(0.05)
+            woken = [t for name, t in passes[before:] if name == "m0"]
+            stopped.flag.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 2)
+        resyncs = before - len(handles)         # each model's first pass is not a resync
+        assert 5 <= resyncs <= 12, resyncs
+        assert woken, "the event waited for a resync turn"
 
     asyncio.run(scenario())
