@@ -76,7 +76,6 @@ class Runtime:
         self.resync_turns = ResyncTurns(settings.resync_passes_per_second)
 
 
-
 class NoDiffBase(kopf.DiffBaseStorage):
     """What kopf remembers of the last spec it handled, to tell a creation from an update:
     nothing here. This operator has no creation or update handler (each model's daemon
