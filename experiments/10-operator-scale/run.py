@@ -235,7 +235,8 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
         time.sleep(settle)
         t1, cpu1, req1 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
         rss = rss_mib(proc.pid)
-        own = audited_requests(cp, t0, t1).total()
+        settled = audited_requests(cp, t0, t1)
+        own = settled.total()
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -255,6 +256,7 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
             "rss_mib": rss, "operator_requests": own, "requests_per_model_minute": own / models / minutes,
             "apiserver_requests_total_delta": req1 - req0, "creation_writes_per_model": writes.total() / models,
             "creation_writes_by_request": {k: n / models for k, n in sorted(writes.items())},
+            "settled_requests_by_request": dict(sorted(settled.items())),
             "converge_cpu_seconds": {k: cpu_converged[k] - cpu_created[k] for k in cpu_created},
             "namespace_gone_seconds": time.monotonic() - deleted, "quiet_after_converge_seconds": quiet}
 

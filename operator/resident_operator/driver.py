@@ -106,12 +106,17 @@ class ResyncTurns:
         return turn - now
 
 
-def next_wait(follow: FollowUp, resync_seconds: float) -> tuple[float, bool]:
+def next_wait(follow: FollowUp, resync_seconds: float, on_probe: bool = False
+              ) -> tuple[float | None, bool]:
     """Seconds until the next pass if no event comes (0 to go on at once, else the earliest
     due time, at most the safety resync, jittered by up to 10 % so models spread out), and
-    whether that wait is the safety resync."""
+    whether that wait is the safety resync. A model that waits on the probe of a source
+    that is down (``on_probe``) has no resync (None: until woken): the probe wakes it when
+    the source answers, and until then a resync would find it down again."""
     if follow.again:
         return 0.0, False
+    if on_probe:
+        return follow.due, False
     resync = resync_seconds * random.uniform(0.9, 1.0)
     if follow.due is not None and follow.due < resync:
         return follow.due, False
@@ -152,7 +157,8 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
                 if opened is not None:   # this model found the source down first
                     opened.task = asyncio.create_task(probe_source(sources, opened.key, session),
                                                       name=f"source-probe {opened.key}")
-            wait, resync = next_wait(follow, resync_seconds)
+            wait, resync = next_wait(follow, resync_seconds,
+                                     on_probe=sources is not None and bool(follow.source_waits))
     finally:
         for task in list(handle.waiters.values()):
             task.cancel()
@@ -163,8 +169,9 @@ async def drive(handle: ModelHandle, stopped: Any, run_pass: Callable[[], Follow
             owner_calls.forget_model(handle.uid)
 
 
-async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
-    if wake.is_set() or timeout <= 0:
+async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float | None) -> None:
+    """Until woken, stopped, or ``timeout`` s (None: no timeout)."""
+    if wake.is_set() or (timeout is not None and timeout <= 0):
         return
     waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
     try:
@@ -186,7 +193,21 @@ async def _wait_owner(handle: ModelHandle, owner: OwnerWait, calls: OwnerCalls) 
 
 async def probe_source(sources: SourceProbes, key: str, session: aiohttp.ClientSession | None) -> None:
     """Probe the source ``key`` on its backoff until it answers, then wake every model that
-    waits on it; stop when no model waits any more (``source_probes.py``)."""
+    waits on it; stop when no model waits any more (``source_probes.py``). Its waiters have
+    no safety resync meanwhile, so if the probe itself fails it wakes them all to read the
+    source again (the first to find it down opens a new probe)."""
+    try:
+        await _probe_until_answered(sources, key, session)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - the waiters must not be left asleep
+        log.exception("the probe of a source failed; its models read it again", extra={"source": key})
+        for waiter in sources.answered(key, time.monotonic()):
+            waiter.poke("source")
+
+
+async def _probe_until_answered(sources: SourceProbes, key: str,
+                                session: aiohttp.ClientSession | None) -> None:
     while (due := sources.next_probe(key)) is not None:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
         if sources.next_probe(key) is None:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from resident_operator.context import FollowUp
 from resident_operator.driver import ModelHandle, ResyncTurns, drive, next_wait
+from resident_operator.source_probes import SourceProbes
 
 
 class Stopped:
@@ -31,6 +32,8 @@ def test_next_wait_prefers_again_then_the_earliest_due_within_the_resync():
     assert 270 <= wait <= 300 and resync                     # jittered safety resync
     wait, resync = next_wait(FollowUp(due=900), 300)
     assert wait <= 300 and resync
+    assert next_wait(FollowUp(), 300, on_probe=True) == (None, False)      # until the probe wakes it
+    assert next_wait(FollowUp(due=5), 300, on_probe=True) == (5, False)
     f = FollowUp()
     f.recheck_in(10)
     f.recheck_in(3)
@@ -215,5 +218,33 @@ def test_the_resyncs_of_many_models_together_keep_to_their_turns():
         resyncs = before - len(handles)         # each model's first pass is not a resync
         assert 5 <= resyncs <= 12, resyncs
         assert woken, "the event waited for a resync turn"
+
+    asyncio.run(scenario())
+
+
+def test_a_model_on_a_source_probe_has_no_resync_until_the_probe_wakes_it():
+    """During an outage the probe of the source wakes its models when it answers; their
+    safety resyncs would only find it down (issue 27's outage target)."""
+    async def scenario():
+        handle, stopped, sources = ModelHandle("ns", "m", "uid"), Stopped(), SourceProbes()
+        passes = []
+
+        def one_pass():
+            passes.append(time.monotonic())
+            follow = FollowUp()
+            if len(passes) == 1:
+                follow.source_waits.append(("http://127.0.0.1:9/m", "connection refused"))
+            return follow
+
+        with ThreadPoolExecutor(1) as pool:
+            task = asyncio.create_task(drive(handle, stopped, one_pass, pool, None, 0.05, sources))
+            await asyncio.sleep(0.5)            # ten resync periods
+            assert len(passes) == 1
+            for waiter in sources.answered("http://127.0.0.1:9", time.monotonic()):
+                waiter.poke("source")           # the probe found the source answering
+            await asyncio.sleep(0.3)            # then the resync runs again
+            stopped.flag.set()
+            await asyncio.wait_for(task, 2)
+        assert len(passes) >= 3
 
     asyncio.run(scenario())

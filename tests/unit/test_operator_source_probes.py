@@ -154,3 +154,17 @@ def test_the_probe_loop_probes_one_url_until_it_answers_then_wakes_all(monkeypat
     assert answers.urls == ["http://h:9/"] * 3
     assert all(w.pokes == ["source"] for w in waiters)
     assert probes.open_probes() == []
+
+
+def test_a_probe_that_fails_wakes_its_models_to_read_the_source_again(monkeypatch):
+    """Models on a probe have no safety resync: a probe that dies must not leave them asleep."""
+    probes, waiters = SourceProbes(), [Waiter() for _ in range(3)]
+    for w in waiters:
+        opened = probes.wait("http://h:9/m", w, "refused", now=time.monotonic()) or opened
+
+    async def broken(*_):
+        raise RuntimeError("a bug in the probe")
+    monkeypatch.setattr("resident_operator.driver._probe_until_answered", broken)
+    asyncio.run(probe_source(probes, opened.key, None))
+    assert all(w.pokes == ["source"] for w in waiters)
+    assert probes.open_probes() == []
