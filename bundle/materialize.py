@@ -138,10 +138,12 @@ def prefetched(blocks: Iterator[bytes], depth: int = PREFETCH_BLOCKS) -> Iterato
 
 
 def fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chunk_size: int,
-              fd: int, tally: Tally, progress: Progress | None) -> None:
+              fd: int, tally: Tally, progress: Progress | None, read_ahead: int = PREFETCH_BLOCKS) -> None:
     """Stream chunks ``first..last`` from the source into ``fd``, verifying each chunk: one
     read of the source for the whole run, as a delivery fetches every run of missing chunks
-    (experiments/04 times sources through it, into /dev/null)."""
+    (experiments/04 times sources through it, into /dev/null). The source is read
+    ``read_ahead`` blocks ahead on a thread of its own (:func:`prefetched`); 0 reads it
+    inline, between the hashing and writing (experiments/04 compares the two)."""
     if entry.chunks:
         bounds = [chunk_range(entry, i, chunk_size) for i in range(first, last + 1)]
         expected = [entry.chunks[i] for i in range(first, last + 1)]
@@ -159,7 +161,8 @@ def fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chu
                                     chunk=first + k if entry.chunks else None)
         k, hasher, filled = k + 1, hashlib.sha256(), 0
 
-    stream = prefetched(source.read(entry, start, wanted))
+    blocks = source.read(entry, start, wanted)
+    stream = prefetched(blocks, read_ahead) if read_ahead else iter(blocks)
     try:
         for block in stream:
             view = memoryview(block)
@@ -189,7 +192,9 @@ def fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chu
             raise StoreFull(f"store filesystem is full while writing {entry.path}: {e}") from None
         raise
     finally:
-        stream.close()
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
     if k < len(bounds):
         if filled == bounds[k][1] == 0:  # an empty file: its one (empty) chunk
             close_chunk()
