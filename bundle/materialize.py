@@ -7,9 +7,7 @@ temporary file in the work directory, in chunk order:
   (``FICLONERANGE`` where the store supports reflink, an in-kernel copy otherwise);
 - the other chunks are read from the source and written as they arrive, each hashed and
   compared with its manifest digest at the chunk boundary, before anything else is done
-  with the file. A wrong, short or long stream raises :class:`IntegrityMismatch`. The
-  source is read on a thread of its own, a few blocks ahead (:func:`prefetched`), so its
-  reads overlap the hashing and writing.
+  with the file. A wrong, short or long stream raises :class:`IntegrityMismatch`.
 
 Fetch runs and donor copies are timed into the :class:`Tally`, so that the store can
 learn the source's and the disk's throughput (:mod:`bundle.throughput`).
@@ -23,8 +21,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +33,6 @@ from .reflink import share_or_copy
 
 Progress = Callable[[int], None]
 BLOB_MODE = 0o444
-PREFETCH_BLOCKS = 4   # blocks read ahead of the hashing (a source's block: 1 MiB at most)
 
 
 class BundleSource(Protocol):
@@ -83,67 +78,11 @@ def _segments(entry: FileEntry, fp: FilePlan, chunk_size: int) -> list[tuple]:
     return [tuple(r) for r in runs]
 
 
-class _Raised:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-_END = object()
-
-
-def prefetched(blocks: Iterator[bytes], depth: int = PREFETCH_BLOCKS) -> Iterator[bytes]:
-    """``blocks``, read on a thread of their own at most ``depth`` blocks ahead of the
-    caller: a source's reads (a socket, a file) release the GIL, and so does hashing, so
-    the two overlap on two cores. What the reading raised is raised here, after the blocks
-    read before it. Closing this iterator (or an exception in the caller) stops the reader,
-    which closes ``blocks`` on its own thread."""
-    ahead: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def hand_over(item: object) -> None:
-        while not stop.is_set():
-            try:
-                ahead.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def read() -> None:
-        try:
-            for block in blocks:
-                hand_over(block)
-                if stop.is_set():
-                    return
-            hand_over(_END)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller, raised there
-            hand_over(_Raised(e))
-        finally:
-            close = getattr(blocks, "close", None)
-            if close is not None:
-                close()
-
-    reader = threading.Thread(target=read, name="fetch-reader", daemon=True)
-    reader.start()
-    try:
-        while True:
-            item = ahead.get()
-            if item is _END:
-                return
-            if isinstance(item, _Raised):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
-        reader.join(timeout=5)   # at most one block read, or the source's own read timeout
-
-
 def fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chunk_size: int,
-              fd: int, tally: Tally, progress: Progress | None, read_ahead: int = PREFETCH_BLOCKS) -> None:
+              fd: int, tally: Tally, progress: Progress | None) -> None:
     """Stream chunks ``first..last`` from the source into ``fd``, verifying each chunk: one
     read of the source for the whole run, as a delivery fetches every run of missing chunks
-    (experiments/04 times sources through it, into /dev/null). The source is read
-    ``read_ahead`` blocks ahead on a thread of its own (:func:`prefetched`); 0 reads it
-    inline, between the hashing and writing (experiments/04 compares the two)."""
+    (experiments/04 times sources through it, into /dev/null)."""
     if entry.chunks:
         bounds = [chunk_range(entry, i, chunk_size) for i in range(first, last + 1)]
         expected = [entry.chunks[i] for i in range(first, last + 1)]
@@ -161,9 +100,8 @@ def fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chu
                                     chunk=first + k if entry.chunks else None)
         k, hasher, filled = k + 1, hashlib.sha256(), 0
 
-    blocks = source.read(entry, start, wanted)
-    stream = prefetched(blocks, read_ahead) if read_ahead else iter(blocks)
     try:
+        stream = source.read(entry, start, wanted)
         for block in stream:
             view = memoryview(block)
             while view:
@@ -191,10 +129,6 @@ def fetch_run(source: BundleSource, entry: FileEntry, first: int, last: int, chu
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StoreFull(f"store filesystem is full while writing {entry.path}: {e}") from None
         raise
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
     if k < len(bounds):
         if filled == bounds[k][1] == 0:  # an empty file: its one (empty) chunk
             close_chunk()

@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import benchkit  # noqa: E402
 from bundle.manifest import chunk_range  # noqa: E402
-from bundle.materialize import PREFETCH_BLOCKS, Tally, fetch_run  # noqa: E402
+from bundle.materialize import Tally, fetch_run  # noqa: E402
 from bundle.scan import build_manifest, read_manifest, write_manifest  # noqa: E402
 from bundle.sources import fetch_verified, open_source, push  # noqa: E402
 from bundle.sources.hf import MADE  # noqa: E402
@@ -119,27 +119,24 @@ def fetch_chunks(src, digest: str) -> int:
     return n
 
 
-def fetch_files(src, digest: str, read_ahead: int = PREFETCH_BLOCKS) -> int:
+def fetch_files(src, digest: str) -> int:
     """The manifest, then every file as one run, as a delivery to an empty store reads it:
     one read of the source per file, streamed and verified chunk by chunk
-    (``bundle.materialize.fetch_run``, reading ``read_ahead`` blocks ahead; 0: inline), into
-    /dev/null; bytes read."""
+    (``bundle.materialize.fetch_run``), into /dev/null; bytes read."""
     m = src.fetch_manifest(digest)
     tally = Tally()
     fd = os.open(os.devnull, os.O_WRONLY)
     try:
         for f in m.files:
-            fetch_run(src, f, 0, max(0, len(f.chunks) - 1), m.chunk_size, fd, tally, None, read_ahead)
+            fetch_run(src, f, 0, max(0, len(f.chunks) - 1), m.chunk_size, fd, tally, None)
     finally:
         os.close(fd)
     return tally.fetched
 
 
 def fetch_all(uri: str, digest: str, credentials=None) -> dict:
-    """The reads of the bundle, each from a freshly opened source: chunk by chunk (the
-    per-arm figure since the first run), file by file as a delivery reads (``runs_seconds``),
-    and file by file with the source read inline (``inline_runs_seconds``: as deliveries
-    read before the read-ahead)."""
+    """Both reads of the bundle, each from a freshly opened source: chunk by chunk (the
+    per-arm figure since the first run), then file by file (``runs_seconds``)."""
     t0 = time.perf_counter()
     with open_source(uri, credentials=credentials) as src:
         n = fetch_chunks(src, digest)
@@ -148,13 +145,8 @@ def fetch_all(uri: str, digest: str, credentials=None) -> dict:
     with open_source(uri, credentials=credentials) as src:
         runs_bytes = fetch_files(src, digest)
     runs_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with open_source(uri, credentials=credentials) as src:
-        fetch_files(src, digest, read_ahead=0)
-    inline_runs_seconds = time.perf_counter() - t0
     return {"seconds": seconds, "bytes": n, "mib_per_second": n / seconds / 2**20,
-            "runs_seconds": runs_seconds, "runs_bytes": runs_bytes,
-            "inline_runs_seconds": inline_runs_seconds}
+            "runs_seconds": runs_seconds, "runs_bytes": runs_bytes}
 
 
 class RangeAnswers:
@@ -341,17 +333,6 @@ def recompute(raw: dict) -> dict:
         summary["runs_arms"] = runs["arms"]
         summary["ratios"].update(runs["ratios"])
         targets.update(RUN_TARGETS)
-    inline = [s for s in samples if "inline_runs_seconds" in s]
-    if inline:   # the read-ahead against reading inline, same arm, same sample
-        summary["read_ahead"] = {
-            arm: {"inline_over_read_ahead": benchkit.stats(
-                [s["inline_runs_seconds"] / s["runs_seconds"] for s in inline if s["arm"] == arm]),
-                  "inline_runs_seconds": benchkit.stats([s["inline_runs_seconds"] for s in inline if s["arm"] == arm])}
-            for arm in sorted({s["arm"] for s in inline})}
-        inline_arms = {a: summary["read_ahead"][a]["inline_runs_seconds"]["median"] for a in summary["read_ahead"]}
-        summary["ratios"].update({f"{name}_runs_inline": inline_arms[num] / inline_arms[den]
-                                  for name, (num, den) in RATIOS.items()
-                                  if num in inline_arms and den in inline_arms and inline_arms[den]})
     summary["targets"] = {name: {"target": want, "ratio": summary["ratios"][name],
                                  "met": summary["ratios"][name] is not None and summary["ratios"][name] <= want}
                           for name, want in targets.items()}
