@@ -7,9 +7,6 @@ from pathlib import Path
 import resident_operator
 
 PKG = Path(resident_operator.__file__).parent
-PURE = ("spec", "settings", "naming", "placement", "pod_template", "pod_verdicts", "delivery", "conditions",
-        "transition", "transition_summary", "planning", "observe", "children", "source_probes",
-        "retry_policy")
 SIDE_EFFECTS = {"kubernetes", "kopf", "requests", "resident_operator.kube",
                 "resident_operator.owner_client", "resident_operator.handlers"}
 
@@ -30,7 +27,7 @@ def imports(path: Path) -> set[str]:
 
 
 def test_pure_modules_have_no_side_effect_imports():
-    for name in PURE:
+    for name in sorted(LAYERS["pure"]):
         bad = {m for m in imports(PKG / f"{name}.py")
                if m.split(".")[0] in ("kubernetes", "kopf", "requests") or m in SIDE_EFFECTS}
         assert not bad, f"{name}.py imports {bad}"
