@@ -19,13 +19,19 @@ import pytest
 LAYERS = ("unit", "component", "cluster", "e2e")
 # The session's API server logs every write of a workload's ServiceAccount (the chart's
 # operator and bridge in the cluster tests; not the control plane's own controllers), so
-# a test can count what a component wrote (``ControlPlane.audit_entries``).
+# a test can count what a component wrote (``ControlPlane.audit_entries``); a model's
+# status writes and Events keep their bodies, so a count that grew says what was written.
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
   - level: None
     userGroups: ["system:serviceaccounts:kube-system"]
+  - level: Request
+    userGroups: ["system:serviceaccounts"]
+    verbs: ["patch", "update"]
+    resources: [{group: "resident.dev", resources: ["residentmodels/status"]},
+                {group: "", resources: ["events"]}]
   - level: Metadata
     userGroups: ["system:serviceaccounts"]
     verbs: ["create", "update", "patch", "delete", "deletecollection"]
