@@ -60,7 +60,7 @@ from kubernetes import client
 
 from . import faults
 from .scenario import GROUP, VERSION, Story, condition, db_rows, model_body
-from .traffic import ClosedLoop
+from .traffic import ClosedLoop, wait_routed
 
 ONE_NODE_FAULTS = ("owner-deleted", "owner-stalled", "bridge-killed", "operator-killed", "source-down",
                    "kubelet-killed", "containerd-killed", "apiserver-killed", "etcd-killed")
@@ -237,11 +237,7 @@ class Soak:
                 (rm.get("status") or {}).get("ready") == f"{r}/{r}"
                 and (rm["status"].get("bundle") or {}).get("digest") == base), timeout=300)
         for m in self.models:   # and reached through its Service: kube-proxy may lag the status
-            deadline = time.monotonic() + 60
-            while not _service_answers(m.story.service_address()):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{m.key}: its Service does not answer 60 s after the model is ready")
-                time.sleep(0.5)
+            wait_routed(m.story.service_address(), m.key)
 
     def _read_models(self) -> dict[str, dict]:
         out = {}
@@ -778,14 +774,6 @@ class Soak:
 
 def _slot(pod: client.V1Pod, model: str) -> str:
     return f"{model}#{(pod.metadata.labels or {}).get(SLOT_LABEL, '?')}"
-
-
-def _service_answers(address: str) -> bool:
-    """Whether the inference API answers at ``address`` (a Service's ClusterIP:port)."""
-    try:
-        return requests.get(f"http://{address}/v1/models", timeout=2.0).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def _scaled_away(slot: str, replicas: dict[str, int]) -> bool:

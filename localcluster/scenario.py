@@ -216,6 +216,11 @@ class Story:
         from .traffic import service_address
         return service_address(self.core, self.namespace, self.name)
 
+    def wait_routed(self, timeout: float = 60.0) -> None:
+        """Wait until the model's Service answers (kube-proxy lags its status a moment)."""
+        from .traffic import wait_routed
+        wait_routed(self.service_address(), f"{self.namespace}/{self.name}", timeout)
+
     def generate(self, prompt: str, max_tokens: int = 12, port: int = 8080) -> dict:
         """The owner's own smoke test, on its control port (with the model's token)."""
         answer = requests.post(f"http://{self.owner_address(port)}/v1/generate", timeout=60,
@@ -240,6 +245,12 @@ class Story:
         return [e for e in self.core.list_namespaced_event(self.namespace).items
                 if e.reason == "FailedMount" and e.involved_object.kind == "Pod"
                 and pod in (None, e.involved_object.name)]
+
+    def probe_failures(self) -> list[str]:
+        """kubelet's probe failures (``Unhealthy`` Events) on Pods of the model's namespace, as
+        ``pod: message (xN)``: an owner whose readiness failed has left its Service."""
+        return [f"{e.involved_object.name}: {e.message} (x{e.count or 1})"
+                for e in self.core.list_namespaced_event(self.namespace).items if e.reason == "Unhealthy"]
 
     # -- cleanup ---------------------------------------------------------------------
     def delete_and_wait_gone(self, timeout: float = 180.0) -> None:

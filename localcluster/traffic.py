@@ -24,6 +24,23 @@ def service_address(core, namespace: str, service: str, port_name: str = "http")
     return f"{svc.spec.cluster_ip}:{port}"
 
 
+def wait_routed(address: str, what: str, timeout: float = 60.0) -> None:
+    """Wait until the inference API answers at ``address`` (a Service's ClusterIP:port):
+    kube-proxy programs a node's rules for a Service's endpoints a moment after the owner
+    Pods are ready (and so after the model's status says Ready), and until then a
+    connection fails with 'No route to host'."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if requests.get(f"http://{address}/v1/models", timeout=2.0).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: its Service does not answer {timeout:.0f} s after the model is ready")
+        time.sleep(0.2)
+
+
 @dataclass(frozen=True)
 class Answer:
     start: float

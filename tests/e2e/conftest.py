@@ -35,12 +35,14 @@ class World(NamedTuple):
         return Story(self.cluster, namespace, name, self.installation.bridge_root)
 
     def ready(self, namespace: str, digest: str, **spec: Any) -> Story:
-        """A model applied in a fresh namespace (``spec`` overrides) and Ready on ``digest``."""
+        """A model applied in a fresh namespace (``spec`` overrides), Ready on ``digest`` and
+        answering through its Service."""
         story = self.story(namespace)
         body = model_body(story.name, self.server.url, digest)
         body["spec"].update(spec)
         story.apply(body)
         story.wait_ready(digest)
+        story.wait_routed()
         return story
 
     def fresh_revision(self, base: str, kind: str, seed: int) -> str:

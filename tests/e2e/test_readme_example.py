@@ -32,7 +32,8 @@ def test_the_readme_example_is_ready_on_a_fresh_install(world):
         digest = story.get()["spec"]["bundle"]["digest"]
         story.wait_ready(digest, timeout=180)
         row = cluster.kubectl("get", "residentmodels", "--no-headers").stdout.split()
-        assert row[:2] == ["tiny-lm", "Ready"] and row[3] == "1/1"
+        assert row[:2] == ["tiny-lm", "Ready"] and row[3] == "1/1", (row, story.probe_failures())
+        story.wait_routed()   # kube-proxy programs the Service a moment after Ready (README)
         _, answer = story.complete("Resident keeps", max_tokens=4)     # the README's next step
         assert answer["system_fingerprint"] == digest
         story.delete_and_wait_gone()

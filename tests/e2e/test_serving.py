@@ -115,7 +115,8 @@ def test_reload_of_two_replicas_drains_each_owner_and_fails_no_request(world):
         time.sleep(0.5)
     assert min(seen) == 1, "an owner should leave the EndpointSlice while it reloads, one at a time"
     answers = load.between(0, time.monotonic())
-    assert [a for a in answers if not a.ok] == []
+    failed = sorted({(a.status, a.error) for a in answers if not a.ok})
+    assert failed == [], (failed, story.probe_failures())
     assert {a.revision for a in answers} == {old, new}
     story.delete_and_wait_gone()
 
@@ -129,7 +130,8 @@ def test_reload_of_one_replica_answers_503_with_retry_after_never_a_reset(world)
                           "transition": {"strategy": "Reload"}})
         time.sleep(0.5)
     answers = load.between(0, time.monotonic())
-    assert {a.status for a in answers} <= {200, 503}, sorted({(a.status, a.error) for a in answers})
+    assert {a.status for a in answers} <= {200, 503}, (sorted({(a.status, a.error) for a in answers}),
+                                                       story.probe_failures())
     assert all(a.retry_after for a in answers if a.status == 503)
     assert {a.revision for a in answers if a.ok} == {old, new}
     story.delete_and_wait_gone()
