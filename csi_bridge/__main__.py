@@ -13,6 +13,11 @@ import sys
 import threading
 from pathlib import Path
 
+# The main thread waits for SIGTERM in slices of this: CPython runs a signal's handler in
+# the main thread only, and the kernel may deliver the signal to a gRPC or HTTP thread
+# instead, which leaves an untimed wait asleep (as it once did for an owner).
+SIGNAL_POLL_SECONDS = 0.1
+
 DESCRIPTION = """\
 Serve the CSI v1 Identity and Node services for driver bundles.resident.dev on a unix
 socket. Pods mount bundles as inline ephemeral CSI volumes (volumeAttributes digest,
@@ -221,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("metrics", extra={"target": f"http://{args.metrics_address}:{bridge.metrics_port}/metrics"})
     if bridge.healthz_port is not None:
         log.info("liveness", extra={"target": f"http://{args.metrics_address}:{bridge.healthz_port}/healthz"})
-    stop.wait()
+    while not stop.wait(SIGNAL_POLL_SECONDS):   # see SIGNAL_POLL_SECONDS
+        pass
     bridge.stop()
     return 0
 

@@ -30,6 +30,10 @@ from .runtime import Owner, StartupError
 from .server import make_server, read_token
 
 log = logging.getLogger("resident.owner")
+# The main thread waits for SIGTERM in slices of this: CPython runs a signal's handler in
+# the main thread only, and the kernel may deliver the signal to a server thread instead,
+# which leaves an untimed wait asleep (the owner once still said ready 1.5 s after SIGTERM).
+SIGNAL_POLL_SECONDS = 0.1
 
 EPILOG = """\
 The bundle dir is the bridge's CSI volume: current -> revisions/sha256-<hex>, each
@@ -149,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         owner.start()
-        stop.wait()
+        while not stop.wait(SIGNAL_POLL_SECONDS):   # see SIGNAL_POLL_SECONDS
+            pass
         owner.terminating = True   # /readyz says no from now on
         waited = owner.drain_for_shutdown(args.shutdown_quiet_seconds, args.shutdown_limit_seconds)
         log.info("owner stopping", extra={"drained_seconds": round(waited, 3)})

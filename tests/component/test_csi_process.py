@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from csi_bridge.server import Bridge, BridgeConfig
 from csi_bridge.sockets import Sockets, remove_stale_socket
 from polling import wait_for
 from testkit.bridge import REPO_ROOT, BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
+from testkit.thread_signals import other_threads, signal_thread
 
 
 def free_port() -> int:
@@ -285,3 +287,16 @@ def test_targets_outside_the_pods_directory_are_refused_and_untouched(short_tmp)
                 volume_id="v-ok", target_path=str(good)))
     finally:
         bridge.stop()
+
+
+def test_sigterm_delivered_to_a_server_thread_still_stops_the_bridge(tmp_path):
+    """The kernel delivers a process's SIGTERM to any thread that does not block it; CPython
+    runs the handler in the main thread only, so an untimed wait there would never wake."""
+    bridge = BridgeProcess(tmp_path).start()
+    try:
+        threads = other_threads(bridge.proc.pid)
+        assert threads, "the bridge serves on threads of its own"
+        signal_thread(bridge.proc.pid, threads[-1], signal.SIGTERM)
+        assert bridge.wait_exit(15) == 0
+    finally:
+        bridge.kill()

@@ -15,6 +15,7 @@ import requests
 
 from bundle.cpu_model import make_demo
 from testkit.local_volume import stage_revision
+from testkit.thread_signals import other_threads, signal_thread
 
 REPO = Path(__file__).resolve().parents[2]
 RESIDENT = [sys.executable, "-c", "import sys, resident_cli; sys.exit(resident_cli.main())"]
@@ -179,5 +180,25 @@ def test_sigterm_answers_until_requests_stop_coming_then_exits(volume):
         t_last = time.monotonic()            # the traffic stops: it goes once quiet for 0.5 s
         assert proc.wait(10) == 0
         assert 0.4 <= time.monotonic() - t_last < 5
+    finally:
+        stop(proc)
+
+
+def test_sigterm_delivered_to_a_server_thread_still_stops_the_owner(volume):
+    """The kernel delivers a process's SIGTERM to any thread that does not block it; CPython
+    runs the handler in the main thread only. An untimed wait there never woke."""
+    tmp, _ = volume
+    proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--port", "0",
+                  "--model-name", "demo", "--shutdown-quiet-seconds", "0.2"], tmp)
+    try:
+        port, _ = ports_from_logs(proc, time.monotonic() + 30)
+        deadline = time.monotonic() + 30
+        while requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        threads = other_threads(proc.pid)
+        assert threads, "the owner serves on threads of its own"
+        signal_thread(proc.pid, threads[0], signal.SIGTERM)
+        assert proc.wait(10) == 0
     finally:
         stop(proc)
