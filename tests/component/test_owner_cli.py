@@ -51,6 +51,16 @@ def ports_from_logs(proc, deadline):
     raise AssertionError("the owner never logged its port")
 
 
+def serving_ports(proc):
+    """(control port, inference port) of a started owner, once its /readyz answers 200."""
+    port, inference_port = ports_from_logs(proc, time.monotonic() + 30)
+    deadline = time.monotonic() + 30
+    while requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    return port, inference_port
+
+
 @pytest.fixture
 def volume(tmp_path):
     make_demo(tmp_path / "demo", 256 * 1024, seed=1)
@@ -65,12 +75,8 @@ def test_resident_owner_serves_a_demo_bundle(volume):
     proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"),
                   "--port", "0", "--warmup", "--model-name", "demo", "--api-key-file", str(tmp / "key")], tmp)
     try:
-        port, inference_port = ports_from_logs(proc, time.monotonic() + 30)
+        port, inference_port = serving_ports(proc)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while requests.get(url + "/readyz", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
         r = requests.post(url + "/v1/generate", json={"prompt": "hello", "maxTokens": 4},
                           headers={"Authorization": "Bearer s3cret"}, timeout=10)
         assert r.status_code == 200
@@ -161,11 +167,7 @@ def test_sigterm_answers_until_requests_stop_coming_then_exits(volume):
     proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--port", "0",
                   "--model-name", "demo", "--shutdown-quiet-seconds", "0.5"], tmp)
     try:
-        port, inference_port = ports_from_logs(proc, time.monotonic() + 30)
-        deadline = time.monotonic() + 30
-        while requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
+        port, inference_port = serving_ports(proc)
         url = f"http://127.0.0.1:{inference_port}/v1/completions"
         ask = lambda: requests.post(url, json={"model": "demo", "prompt": "hi", "max_tokens": 2}, timeout=10)  # noqa: E731
         assert ask().status_code == 200
@@ -191,11 +193,7 @@ def test_sigterm_delivered_to_a_server_thread_still_stops_the_owner(volume):
     proc = start(["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--port", "0",
                   "--model-name", "demo", "--shutdown-quiet-seconds", "0.2"], tmp)
     try:
-        port, _ = ports_from_logs(proc, time.monotonic() + 30)
-        deadline = time.monotonic() + 30
-        while requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
+        serving_ports(proc)
         threads = other_threads(proc.pid)
         assert threads, "the owner serves on threads of its own"
         signal_thread(proc.pid, threads[0], signal.SIGTERM)
