@@ -8,15 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
-
-# The main thread waits for SIGTERM in slices of this: CPython runs a signal's handler in
-# the main thread only, and the kernel may deliver the signal to a gRPC or HTTP thread
-# instead, which leaves an untimed wait asleep (as it once did for an owner).
-SIGNAL_POLL_SECONDS = 0.1
 
 DESCRIPTION = """\
 Serve the CSI v1 Identity and Node services for driver bundles.resident.dev on a unix
@@ -167,6 +160,7 @@ def api_client(kubeconfig: str | None):
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from bundle import jsonlog
+    from bundle.stop_signals import StopSignals
 
     jsonlog.configure(args.log_level)
     log = logging.getLogger("resident.bridge")
@@ -180,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resident bridge: peer delivery (--peer-port) needs {', '.join('--' + m.replace('_', '-') for m in missing)}",
                   file=sys.stderr)
             return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignals()
     sockets = bridge = None
     try:
         # First what kubelet dials, with only gRPC loaded: it can register the driver now,
@@ -226,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("metrics", extra={"target": f"http://{args.metrics_address}:{bridge.metrics_port}/metrics"})
     if bridge.healthz_port is not None:
         log.info("liveness", extra={"target": f"http://{args.metrics_address}:{bridge.healthz_port}/healthz"})
-    while not stop.wait(SIGNAL_POLL_SECONDS):   # see SIGNAL_POLL_SECONDS
-        pass
+    stop.wait()
     bridge.stop()
     return 0
 

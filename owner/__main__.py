@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from pathlib import Path
 
 from bundle import jsonlog
+from bundle.stop_signals import StopSignals
 from . import termination as term
 from .backends import REGISTRY, BackendError, BackendUnavailable, create_backend
 from .inference import make_inference_server
@@ -30,10 +30,6 @@ from .runtime import Owner, StartupError
 from .server import make_server, read_token
 
 log = logging.getLogger("resident.owner")
-# The main thread waits for SIGTERM in slices of this: CPython runs a signal's handler in
-# the main thread only, and the kernel may deliver the signal to a server thread instead,
-# which leaves an untimed wait asleep (the owner once still said ready 1.5 s after SIGTERM).
-SIGNAL_POLL_SECONDS = 0.1
 
 EPILOG = """\
 The bundle dir is the bridge's CSI volume: current -> revisions/sha256-<hex>, each
@@ -104,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     # First of all: in a container the owner is PID 1, and PID 1 ignores a signal it has no
     # handler for, so a SIGTERM that came while the backend loads (torch imports for seconds)
     # was lost and kubelet waited out the grace period before its SIGKILL.
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = StopSignals()
     log.info("owner starting", extra={"backend": args.backend, "bundle_dir": args.bundle_dir})
     if args.verify_chunks and args.backend not in ("cpu", "torch"):
         print("resident owner: --verify-chunks applies to the cpu and torch backends only", file=sys.stderr)
@@ -153,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         owner.start()
-        while not stop.wait(SIGNAL_POLL_SECONDS):   # see SIGNAL_POLL_SECONDS
-            pass
+        stop.wait()
         owner.terminating = True   # /readyz says no from now on
         waited = owner.drain_for_shutdown(args.shutdown_quiet_seconds, args.shutdown_limit_seconds)
         log.info("owner stopping", extra={"drained_seconds": round(waited, 3)})
