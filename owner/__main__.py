@@ -17,9 +17,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
+
+# One owner, one card: the cpu backend's matrix products run on the request's own thread.
+# Left alone, numpy's OpenBLAS starts a worker per core and they spin while they wait, so
+# on a busy machine an owner burned about 9 times the CPU per completion (116 ms against
+# 13 ms at 4 tokens, 2 cores; docs/owner.md). Set before the backends import numpy; the
+# environment may still ask for more.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from bundle import jsonlog
 from bundle.stop_signals import StopSignals

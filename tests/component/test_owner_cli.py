@@ -200,3 +200,33 @@ def test_sigterm_delivered_to_a_server_thread_still_stops_the_owner(volume):
         assert proc.wait(10) == 0
     finally:
         stop(proc)
+
+
+def settled_thread_count(pid):
+    """The number of threads of ``pid`` once it held still for half a second (a server
+    thread handling the last /readyz may still be ending)."""
+    counts = []
+    while len(counts) < 5 or len(set(counts[-5:])) > 1:
+        counts.append(len(os.listdir(f"/proc/{pid}/task")))
+        time.sleep(0.1)
+    return counts[-1]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no extra thread on one core")
+def test_the_owner_computes_on_one_blas_thread_unless_the_environment_asks_for_more(volume, monkeypatch):
+    """numpy's OpenBLAS starts a spinning worker per core; on a busy 2-core machine that made
+    an owner spend 9 times the CPU per completion. The owner defaults it to one thread."""
+    tmp, _ = volume
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    args = ["--bundle-dir", str(tmp / "vol"), "--token-file", str(tmp / "token"), "--port", "0"]
+    counts = {}
+    for asked in (None, "2"):
+        if asked:
+            monkeypatch.setenv("OPENBLAS_NUM_THREADS", asked)
+        proc = start(args, tmp)
+        try:
+            serving_ports(proc)
+            counts[asked] = settled_thread_count(proc.pid)
+        finally:
+            stop(proc)
+    assert counts["2"] == counts[None] + 1, f"threads by OPENBLAS_NUM_THREADS: {counts}"
