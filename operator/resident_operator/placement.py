@@ -98,6 +98,21 @@ def owner_resources(spec: ModelSpec) -> dict[str, dict[str, Any]]:
     return out
 
 
+def blas_threads(spec: ModelSpec) -> int | None:
+    """The cpu backend's compute threads: the whole CPUs of the owner container's CPU limit
+    (at least one), or None without a limit (the owner then computes on one thread,
+    docs/owner.md). A limit that is no quantity is left to the API server to refuse."""
+    limit = (spec.runtime.resources.get("limits") or {}).get("cpu")
+    if spec.runtime.backend != "cpu" or limit is None:
+        return None
+    text = str(limit)
+    try:
+        cores = float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        return None
+    return max(1, int(cores))
+
+
 def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: OperatorSettings,
                     slot: int, incarnation: int, bundle_digest: str, bundle_source: str
                     ) -> dict[str, Any]:
@@ -107,6 +122,8 @@ def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: Opera
     labels.update({naming.LABEL_SLOT: str(slot), naming.LABEL_INCARNATION: str(incarnation),
                    naming.LABEL_REVISION: naming.revision_label(bundle_digest)})
     env = [{"name": "RESIDENT_MODEL", "value": model}]
+    if (threads := blas_threads(spec)) is not None:
+        env.append({"name": "OPENBLAS_NUM_THREADS", "value": str(threads)})
     if rt.variants:
         env.append({"name": "RESIDENT_VARIANTS", "value": json.dumps(
             [v.model_dump(by_alias=True, exclude_none=True) for v in rt.variants])})

@@ -40,6 +40,20 @@ def test_cpu_pod_requests_no_card():
     assert "resources" not in c
 
 
+def test_the_cpu_backend_computes_on_the_whole_cpus_of_its_limit():
+    def blas(runtime):
+        env = pod_for(spec(runtime=runtime))["spec"]["containers"][0]["env"]
+        return next((e["value"] for e in env if e["name"] == "OPENBLAS_NUM_THREADS"), None)
+    assert blas({}) is None          # no limit: the owner's own default, one thread
+    assert blas({"resources": {"limits": {"cpu": "2"}}}) == "2"
+    assert blas({"resources": {"limits": {"cpu": 3}}}) == "3"
+    assert blas({"resources": {"limits": {"cpu": "2500m"}}}) == "2"
+    assert blas({"resources": {"limits": {"cpu": "500m"}}}) == "1"
+    assert blas({"resources": {"requests": {"cpu": "4"}}}) is None    # a request is no cap
+    assert blas({"resources": {"limits": {"cpu": "lots"}}}) is None   # the API server refuses the Pod
+    assert blas({"backend": "torch", "resources": {"limits": {"cpu": "4"}}}) is None
+
+
 def test_pod_carries_the_csi_volume_token_probe_and_labels():
     s = spec(nodeSelector={"zone": "a"}, tolerations=[{"key": "npu", "operator": "Exists",
                                                       "effect": "NoSchedule"}],
