@@ -107,10 +107,9 @@ def blas_threads(spec: ModelSpec) -> int | None:
         return None
     text = str(limit)
     try:
-        cores = float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-    except ValueError:
+        return max(1, int(float(text[:-1]) / 1000 if text.endswith("m") else float(text)))
+    except (ValueError, OverflowError):   # not a number, nan, inf
         return None
-    return max(1, int(cores))
 
 
 def build_owner_pod(model: str, model_uid: str, spec: ModelSpec, settings: OperatorSettings,

@@ -50,7 +50,8 @@ def test_the_cpu_backend_computes_on_the_whole_cpus_of_its_limit():
     assert blas({"resources": {"limits": {"cpu": "2500m"}}}) == "2"
     assert blas({"resources": {"limits": {"cpu": "500m"}}}) == "1"
     assert blas({"resources": {"requests": {"cpu": "4"}}}) is None    # a request is no cap
-    assert blas({"resources": {"limits": {"cpu": "lots"}}}) is None   # the API server refuses the Pod
+    for bad in ("lots", "1e400", "nan"):                              # the API server refuses the Pod
+        assert blas({"resources": {"limits": {"cpu": bad}}}) is None
     assert blas({"backend": "torch", "resources": {"limits": {"cpu": "4"}}}) is None
 
 
