@@ -203,11 +203,11 @@ def test_sigterm_delivered_to_a_server_thread_still_stops_the_owner(volume):
 
 
 def settled_thread_count(pid):
-    """The number of threads of ``pid`` once it held still for half a second (a server
-    thread handling the last /readyz may still be ending)."""
+    """The number of threads of ``pid`` but its main thread, once it held still for half a
+    second (a server thread handling the last /readyz may still be ending)."""
     counts = []
     while len(counts) < 5 or len(set(counts[-5:])) > 1:
-        counts.append(len(os.listdir(f"/proc/{pid}/task")))
+        counts.append(len(other_threads(pid)))
         time.sleep(0.1)
     return counts[-1]
 
