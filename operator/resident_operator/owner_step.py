@@ -181,10 +181,13 @@ def perform(ctx: ModelContext, state: ModelState, spec: ModelSpec, t: Transition
         for name in release_deliveries(ctx, state, deliveries, p.slot, keep={t.to} | staged):
             ctx.event("OldRevisionReleased", f"deleted BundleDelivery {name} of {p.pod}: "
                                              "its revision is no longer used")
-        for name, bd in deliveries.items():   # the revision left stays staged for a rollback
+        # The revision left stays staged for a rollback. The target stays activated even when
+        # spec.stage still names it: demoted, it would be a stage of the live revision, which
+        # the next pass deletes, and the live revision would lose its lease on the node.
+        for name, bd in deliveries.items():
             labels = bd["metadata"].get("labels") or {}
             if labels.get(naming.LABEL_SLOT) == str(p.slot) and ch.is_recorded(state.children, bd) \
-                    and bd["spec"]["bundle"]["digest"] in staged:
+                    and bd["spec"]["bundle"]["digest"] in staged - {t.to}:
                 set_activate(ctx, bd, False)
         return p
     if action == Action.release_target_delivery:

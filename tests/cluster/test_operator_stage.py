@@ -13,6 +13,7 @@ import pytest
 
 from bundle.cpu_model import make_demo, make_revision
 from localcluster.processes import free_port
+from localcluster.scenario import db_rows
 
 from conftest_operator import Api, PlayedNode, condition, running_operator
 from polling import wait_for
@@ -80,6 +81,12 @@ def placed(names):
                     {"key": "kubernetes.io/hostname", "operator": "In", "values": names}]}]}}}}
 
 
+def leased(node):
+    """The digests the node's store holds a lease on (its bridge's SQLite catalog)."""
+    return {digest for digest, in db_rows(node.bridge.root / "data" / "store" / "store.db",
+                                          "SELECT digest FROM leases")}
+
+
 def volume_of(nodes, owner):
     node = next(n for n in nodes if n.name == owner["node"])
     return node.volume(owner["uid"])
@@ -124,6 +131,12 @@ def test_stage_then_switch_then_roll_back_without_delivery(cluster, namespace, n
         wait_for(lambda: len([bd for bd in api.deliveries() if bd["spec"]["bundle"]["digest"] == d["base"]
                               and (bd.get("status") or {}).get("phase") == "Staged"]) == 2,
                  what="base kept staged on both owners' nodes")
+        # rows, live now and still named by spec.stage, keeps its activated delivery, so each
+        # node's store keeps it leased (the volume's own lease stays on base, its first revision)
+        live = [bd for bd in api.deliveries() if bd["spec"]["bundle"]["digest"] == d["rows"]]
+        assert len(live) == 2 and all(bd["spec"]["activate"] is True for bd in live), live
+        for node in nodes:
+            assert d["rows"] in leased(node), (node.name, leased(node))
         api.patch_spec("lm", {"bundle": ref(revisions, "base")})
         s = wait_for(lambda: ready_on(api, d["base"], 2), timeout=60, what="rolled back to base")
         assert s["lastTransition"]["prestaged"] is True and s["lastTransition"]["bytes"]["fetched"] == 0
