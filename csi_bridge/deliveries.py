@@ -189,7 +189,7 @@ class DeliveryWatcher:
         meta = obj["metadata"]
         self._patch_status(obj, {"phase": "Releasing", "reason": "Deleting",
                                  "message": "releasing the lease"})
-        released = staging.release(self.bridge, meta["uid"], obj.get("spec") or {})
+        released = staging.release(self.bridge, meta["uid"])
         self._retry_at.pop(meta["uid"], None)
         self.events.post(obj, "LeaseReleased", f"released the lease on {obj['spec']['bundle']['digest']}"
                          if released else "no lease was held")

@@ -210,13 +210,15 @@ def stage(bridge, uid: str, namespace: str, name: str, generation: int,
         lock.__exit__(None, None, None)
 
 
-def release(bridge, uid: str, spec: dict | None = None) -> bool:
-    """The BundleDelivery is being deleted: release its lease and forget it. A pre-staged
-    revision (``activate: false``) that is not the volume's current one also leaves the
-    volume, so its bytes are freed once the store collects them; a transition's revision
-    stays until the volume is unpublished (``current`` may point at it)."""
+def release(bridge, uid: str) -> bool:
+    """The BundleDelivery is being deleted: release its lease and forget it. Its revision
+    also leaves the volume unless the volume's ``current`` points at it or another delivery
+    of the volume holds it, so its bytes are freed once the store collects them: a revision
+    a switch left, or a pre-staged one no longer wanted; otherwise each switch of a
+    long-lived owner would leave a whole revision on the node's disk until the Pod goes. An
+    owner that still has its files open or mapped reads on."""
     rec = bridge.state.delivery(uid)
-    if rec is not None and (spec or {}).get("activate") is False and rec.target_path:
+    if rec is not None and rec.target_path:
         pub = bridge.state.publication(rec.target_path)
         others = {d.digest for d in bridge.state.deliveries()
                   if d.uid != uid and d.target_path == rec.target_path}

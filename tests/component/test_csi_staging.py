@@ -175,18 +175,40 @@ def test_a_demoted_revision_is_not_authorized_again_but_a_new_one_is(env, tmp_pa
 def test_releasing_a_pre_staged_revision_takes_it_out_of_the_volume(env):
     rev = env.d2.replace(":", "-")
     staging.stage(env.bridge, "uid-s", "team-a", "s", 1, spec(env, activate=False))
-    assert staging.release(env.bridge, "uid-s", {"activate": False}) is True
+    assert staging.release(env.bridge, "uid-s") is True
     assert sorted(os.listdir(env.target / "revisions")) == [env.d1.replace(":", "-")]
     assert not any(l.holder == "delivery:uid-s" for l in env.bridge.store.leases())
-    # a transition's revision (activated: `current` may point at it) stays in the volume
+    # a transition's revision that `current` points at stays in the volume
     staging.stage(env.bridge, "uid-d", "team-a", "d", 1, spec(env))
-    assert staging.release(env.bridge, "uid-d", {}) is True
+    assert staging.release(env.bridge, "uid-d") is True
     assert rev in os.listdir(env.target / "revisions")
     # and a pre-staged revision that became current is never taken out
     staging.stage(env.bridge, "uid-t", "team-a", "t", 1, spec(env, activate=False))
-    assert staging.release(env.bridge, "uid-t", {"activate": False}) is True
+    assert staging.release(env.bridge, "uid-t") is True
     assert os.readlink(env.target / "current") == "revisions/" + rev
     assert (env.target / "current" / "w.safetensors").read_bytes() == W2
+
+
+def test_the_revision_a_switch_left_leaves_the_volume_when_its_delivery_goes(env):
+    """Each switch of a long-lived owner put a whole revision into its volume, and only a
+    pre-staged one ever left it again: after the switch away from it, the revision's
+    hardlinks held its bytes on the node's disk until the Pod went, whatever the store
+    collected."""
+    v1 = {"source": f"file://{env.tmp}/v1", "digest": env.d1}
+    staging.stage(env.bridge, "uid-a", "team-a", "a", 1, spec(env))              # a switch to V2
+    staging.stage(env.bridge, "uid-b", "team-a", "b", 1, spec(env, bundle=v1))   # and back to V1
+    v2 = env.target / "revisions" / env.d2.replace(":", "-")
+    with open(v2 / "w.safetensors", "rb") as still_open:                         # an owner reading it
+        assert staging.release(env.bridge, "uid-a") is True                      # V2's delivery goes
+        assert not v2.exists()
+        assert still_open.read() == W2
+    assert os.readlink(env.target / "current") == "revisions/" + env.d1.replace(":", "-")
+    assert sorted(os.listdir(env.target / "revisions")) == [env.d1.replace(":", "-")]
+    assert env.d2 not in {l.digest for l in env.bridge.store.leases()}          # the store may collect it
+    # a revision another delivery of the volume still holds stays
+    staging.stage(env.bridge, "uid-c", "team-a", "c", 1, spec(env, activate=False))
+    staging.stage(env.bridge, "uid-e", "team-a", "e", 1, spec(env, activate=False))
+    assert staging.release(env.bridge, "uid-c") is True and v2.is_dir()
 
 
 def test_a_remount_keeps_the_revision_the_volume_switched_to(env):
@@ -246,9 +268,9 @@ def test_a_revision_left_in_the_volume_and_collected_from_the_store_stages_again
     volume now gets the store's tree in place of the stale one."""
     first = staging.stage(env.bridge, "uid-a", "team-a", "a", 1, spec(env))   # activate: current is V2
     assert first["phase"] == "Staged"
+    staging.release(env.bridge, "uid-a")   # released while current: it stays in the volume
     staging.stage(env.bridge, "uid-b", "team-a", "b", 1,
                   spec(env, bundle={"source": f"file://{env.tmp}/v1", "digest": env.d1}))   # back to V1
-    staging.release(env.bridge, "uid-a", {"activate": True})   # a transition's revision stays in the volume
     stale = os.stat(env.target / "revisions" / env.d2.replace(":", "-") / "w.safetensors").st_ino
     assert env.d2 not in {l.digest for l in env.bridge.store.leases()}
     env.bridge.store.gc(0, 0)                                 # unleased: collected from the store
