@@ -30,8 +30,10 @@ stamped by the owner with the wall clock of this machine); beside it 09's
 (from the owner's commit, when it began to change its live revision, to its first token
 on the new one, both by the owner's clock: how long the switch itself interrupted the
 live revision), ``status.lastTransition``'s durations, bytes, ``prestaged`` flag, path,
-method, strategy, commit mode, ``loadedBeside`` and result, and for the pre-staged arms
-what staging ahead cost (``status.stage.nodes``).
+method, strategy, commit mode, ``loadedBeside`` and result, for the pre-staged arms
+what staging ahead cost (``status.stage.nodes``), and the bridge's message on the
+revision's delivery (``delivery_message``: on ext4 it says why the store rebased or
+reconstructed, from the copy and fetch rates it measured).
 
 Every revision is removed (its directory and its blobs on the bundle server) once the
 model has moved past it. ``python run.py [--rounds N] [--size-mib M] [--out D]``; results
@@ -157,6 +159,15 @@ def sample_of(last: dict, seconds: float, done: float) -> dict:
             "preloaded": last.get("preloaded")}
 
 
+def delivery_message(story, digest: str) -> str | None:
+    """The bridge's message on the delivery of ``digest``: its method and, without reflink,
+    why it rebased or reconstructed (the measured copy and fetch rates it compared)."""
+    from localcluster.scenario import GROUP, VERSION
+    items = story.custom.list_namespaced_custom_object(GROUP, VERSION, story.namespace, "bundledeliveries")["items"]
+    return next(((bd.get("status") or {}).get("message") for bd in items
+                 if bd["spec"]["bundle"]["digest"] == digest), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
@@ -241,12 +252,13 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, done, last = switch(story, {"bundle": ref, "delivery": delivery,
                                                          "transition": transition}, digest)
                     story.wait_ready(digest)
+                    why = delivery_message(story, digest)   # read before the delivery may go
                     if prestaged:
                         story.patch_spec({"stage": None})
                         story.wait("spec.stage released", lambda rm: "stage" not in (rm.get("status") or {}))
                     exp09.drop_revision(live["dir"], work / "served", keep=target)
                     live.update(dir=target, digest=digest)
-                    return {**sample_of(last, seconds, done), "staged_ahead": ahead}
+                    return {**sample_of(last, seconds, done), "staged_ahead": ahead, "delivery_message": why}
                 return once
 
             samples = benchkit.run_rounds(args.rounds, {name: arm(name) for name in ARMS})
