@@ -156,9 +156,12 @@ class Peering:
         """``origin`` with the peers that hold ``digest`` in front of it, or ``origin`` alone.
         With ``rollout`` (a staging), a node that is not the rollout's seed waits for it."""
         try:
+            # the seed is read before the holders, as in await_seed: a seed that finishes in
+            # between no longer wants the revision (its delivery is Staged), so a node that
+            # read the seed after the holders would lead a rollout of its own, from the origin
+            seed = self.rollout_seed(digest) if rollout else None
             holders = self.holders(digest, say_why=True)
-            seed = self.rollout_seed(digest) if rollout and not holders else None
-            if seed is not None:
+            if seed is not None and not holders:
                 log.info("waiting for the rollout's seed to fetch the revision", extra={"digest": digest,
                                                                                         "seed": seed})
                 holders = self.await_seed(seed, digest)
