@@ -28,7 +28,9 @@ every recovery time is one fault's alone (faults otherwise overlap a slow recove
 
 The record (:meth:`Soak.run`) keeps every fault with its times, every switch, every failed
 request with what it is attributed to, the Service's EndpointSlices read when requests
-failed, and the checks at the end; :func:`summarize`
+failed (and, after a connection error, the Service gateway's conntrack entries still
+waiting for an answer: which endpoint the unanswered SYNs went to), and the checks at the
+end; :func:`summarize`
 recomputes the figures from it alone. A failed request is attributed to a documented gap
 (see docs/chaos.md) or counted as a defect:
 
@@ -48,6 +50,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -675,6 +678,8 @@ class Soak:
             if not failed or m.key in expected or len(self.endpoints) >= ENDPOINT_SNAPSHOTS:
                 continue
             snapshot: dict[str, Any] = {"at": self.now(), "model": m.key, "failed_starts": failed}
+            if any(a.status == 0 for a in answers):
+                snapshot["unanswered_syns"] = self._unanswered_syns(m.load.address)
             try:
                 slices = client.DiscoveryV1Api(self.core.api_client).list_namespaced_endpoint_slice(
                     m.story.namespace, label_selector=f"kubernetes.io/service-name={m.story.name}").items
@@ -686,6 +691,23 @@ class Soak:
             except Exception as e:   # the API server may be away (a fault): say so
                 snapshot["error"] = f"{type(e).__name__}: {str(e)[:120]}"
             self.endpoints.append(snapshot)
+
+    def _unanswered_syns(self, address: str) -> list[str] | str:
+        """The Service gateway's conntrack entries for ``address`` (``ip:port``) still in
+        SYN_SENT: where kube-proxy sent connections that got no answer. A SYN retried on
+        such an entry goes to the same endpoint until the entry expires (120 s), whether
+        that endpoint is still there or not; the entry outlives a 60 s client timeout."""
+        ip, port = address.rsplit(":", 1)
+        gateway = self.cluster.network.service_gateway
+        try:
+            out = subprocess.run([*gateway.enter(), "conntrack", "-L", "-p", "tcp", "--state", "SYN_SENT",
+                                  "--orig-dst", ip, "--dport", port],
+                                 capture_output=True, text=True, timeout=5)
+            if out.returncode:
+                return f"conntrack: {out.stderr.strip()[:200]}"
+            return [line for line in out.stdout.splitlines() if line.strip()][:20]
+        except (OSError, subprocess.SubprocessError) as e:   # a reading that fails costs the soak nothing
+            return f"{type(e).__name__}: {str(e)[:120]}"
 
     # -- the end -----------------------------------------------------------------------
     def _settle(self) -> dict[str, Any]:

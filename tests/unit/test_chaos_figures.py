@@ -153,9 +153,11 @@ def test_endpoints_are_read_for_failures_no_unrecovered_fault_explains(monkeypat
     soak = chaos.Soak.__new__(chaos.Soak)
     soak.t0, soak._lock, soak.endpoints = time.monotonic(), threading.Lock(), []
     soak.core = NS(api_client=None)
+    # the gateway's conntrack, read for real (on this machine: no SYN to this address waits)
+    soak.cluster = NS(network=NS(service_gateway=NS(enter=lambda: [])))
     ok, failed = Answer(1.0, 1.1, 200), Answer(1.2, 1.3, 0, error="refused")
-    hit = chaos.SoakModel(NS(namespace="a", name="m"), 1, load=NS(answers=[ok, failed]))
-    calm = chaos.SoakModel(NS(namespace="b", name="m"), 1, load=NS(answers=[ok, failed]))
+    hit = chaos.SoakModel(NS(namespace="a", name="m"), 1, load=NS(answers=[ok, failed], address="10.96.0.9:8000"))
+    calm = chaos.SoakModel(NS(namespace="b", name="m"), 1, load=NS(answers=[ok, failed], address="10.96.0.9:8000"))
     soak.models = [hit, calm]
     soak.injected = [injected("owner-stalled", 0.5, None, affects=("a/m",))]   # not recovered yet
     soak._note_failures()
@@ -164,6 +166,7 @@ def test_endpoints_are_read_for_failures_no_unrecovered_fault_explains(monkeypat
     assert snap["model"] == "b/m" and len(snap["failed_starts"]) == 1
     assert snap["endpoints"] == [{"pod": "m-owner-0", "node": "node-1", "addresses": ["10.0.0.5"],
                                   "ready": False, "serving": True, "terminating": True}]
+    assert snap["unanswered_syns"] == [], snap   # a connection error: conntrack was asked
     soak._note_failures()                     # nothing new: no second reading
     assert len(soak.endpoints) == 1 and hit.seen == calm.seen == 2
 
