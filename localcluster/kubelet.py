@@ -22,6 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT_DIR = Path("/var/lib/kubelet")
+# where kubelet keeps container logs (fixed in kubelet); its container GC removes every Pod
+# log directory here of a Pod it does not run, so each node needs its own
+LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
 CLUSTER_DOMAIN = "cluster.local"
 DNS_SERVICE_IP = "10.96.0.10"
 

@@ -10,6 +10,13 @@ each such path is a bind mount of that node's directory on the machine::
 
     node-1 sees /var/lib/kubelet      = the machine's /var/lib/resident/nodes/node-1/kubelet
     node-1 sees /var/lib/resident-... = the machine's /var/lib/resident/nodes/node-1/paths/<path>
+    node-1 sees /var/log/pods         = the machine's /var/lib/resident/nodes/node-1/logs/pods
+
+The container logs too (``/var/log/pods``, ``/var/log/containers``): kubelet's container
+GC removes every Pod log directory there of a Pod it does not run, so on shared
+directories each kubelet took the others' logs away within a minute and ``kubectl logs``
+of a Pod on another node failed (found by the CI run of stop 50, whose failure message
+could not show two bridges' logs).
 
 The namespace is kept by a bind mount of its namespace file
 (``/run/resident/nodes/<node>/mnt``), so processes started later (containerd, kubelet,
@@ -29,7 +36,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .kubelet import ROOT_DIR as KUBELET_ROOT
+from .kubelet import LOG_DIRS, ROOT_DIR as KUBELET_ROOT
 
 NODES_DIR = Path("/var/lib/resident/nodes")      # node directories, seen from the machine
 NAMESPACES_DIR = Path("/run/resident/nodes")     # namespace files and runtime state
@@ -60,7 +67,8 @@ class NodeMounts:
         return path
 
     def create(self) -> None:
-        """Make the namespace, with the node's own ``/var/lib/kubelet`` (emptied first)."""
+        """Make the namespace, with the node's own ``/var/lib/kubelet`` and container log
+        directories (emptied first)."""
         shutil.rmtree(self.root, ignore_errors=True)   # a run's node state never outlives it
         kubelet = self.root / "kubelet"
         kubelet.mkdir(parents=True)
@@ -70,6 +78,10 @@ class NodeMounts:
         self.file.touch()
         _run(["unshare", f"--mount={self.file}", "--propagation", "unchanged", "true"])
         self._bind(kubelet, KUBELET_ROOT)
+        for inside in LOG_DIRS:
+            outside = self.root / "logs" / inside.name
+            outside.mkdir(parents=True)
+            self._bind(outside, inside)
 
     def make_private(self, path: Path | str) -> Path:
         """Give the node its own empty directory at ``path``; return the machine's side."""

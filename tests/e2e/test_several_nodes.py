@@ -105,6 +105,15 @@ def test_every_node_is_its_own_machine_with_the_bridge_registered(trio):
         sandboxes = node.containerd.ctr("containers", "list").stdout
         others = set().union(*(pods_by_node[o] for o in NODES if o != node.name))
         assert not any(uid in sandboxes for uid in others), f"{node.name} runs another node's Pod"
+        # and its own container logs: kubelet's GC removes the log directories of Pods it does
+        # not run, so on shared directories `kubectl logs` of other nodes' Pods fails
+        logs = cluster.node_exec(["ls", "/var/log/pods"], node=node.name, capture_output=True, text=True)
+        held = {d.rsplit("_", 1)[-1] for d in logs.stdout.split()}
+        assert pods_by_node[node.name] <= held and not held & others, (node.name, logs.stdout, pods_by_node)
+    for pod in core.list_namespaced_pod(trio.installation.namespace).items:
+        read = cluster.kubectl("logs", "-n", pod.metadata.namespace, pod.metadata.name, "--all-containers",
+                               check=False)
+        assert read.returncode == 0 and read.stdout, (pod.spec.node_name, pod.metadata.name, read.stderr)
 
 
 def test_one_owner_per_node_each_delivered_by_its_own_bridge(trio):
