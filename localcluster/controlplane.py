@@ -42,7 +42,7 @@ import yaml
 
 from .binaries import CONTROL_PLANE, ensure_binaries, kubernetes_version
 from .pki import Authority
-from .processes import ProcessGroup, free_port
+from .processes import ProcessGroup, free_ports
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
@@ -95,9 +95,8 @@ class ControlPlane:
     # -- lifecycle -------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "ControlPlane":
         self.bin_dir = bins = ensure_binaries(CONTROL_PLANE, self.version)
-        self.port = free_port()
+        self.port, etcd_port, peer_port = free_ports(3)
         self._make_credentials()
-        etcd_port, peer_port = free_port(), free_port()
         self.processes.start("etcd", [
             "etcd", "--data-dir", str(self.state_dir / "etcd"), "--name", "resident",
             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",

@@ -23,9 +23,21 @@ log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` free loopback ports, all different: each is held until all are chosen (ports
+    chosen one after another may repeat, and SeaweedFS once got the same port for two of
+    its servers and died with "address already in use")."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @dataclass

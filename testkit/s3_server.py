@@ -25,7 +25,7 @@ from pathlib import Path
 from bundle.sources.credentials import SourceCredentials
 from bundle.sources.ranged import RetryPolicy
 from bundle.sources.s3 import S3Location, make_client
-from localcluster.processes import ProcessGroup, free_port
+from localcluster.processes import ProcessGroup, free_ports
 
 S3_ACCESS_KEY, S3_SECRET_KEY = "resident-test", "resident-test-secret-0123456789"
 CREDENTIALS = SourceCredentials({"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY})
@@ -46,8 +46,8 @@ def weed_binary() -> str:
 def running_s3(work: Path, timeout: float = 60.0):
     """SeaweedFS's S3 gateway on 127.0.0.1 (see the module docstring); yields its endpoint
     ``http://127.0.0.1:PORT`` once it answers."""
-    ports = {name: free_port() for name in (
-        "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")}
+    names = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")
+    ports = dict(zip(names, free_ports(len(names))))
     work.mkdir(parents=True, exist_ok=True)
     identities = work / "s3-identities.json"
     identities.write_text(json.dumps({"identities": [{

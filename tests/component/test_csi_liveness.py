@@ -20,15 +20,10 @@ from pathlib import Path
 import pytest
 
 from csi_bridge.liveness import LivenessCheck
+from localcluster.processes import free_port
 from testkit.bridge import BridgeProcess
 
 KUBELET_TIMEOUT = 1.0  # the probe timeout these tests give kubelet's part
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthz(port: int, timeout: float = KUBELET_TIMEOUT) -> tuple[int, str]:

@@ -20,15 +20,10 @@ from csi_bridge import mountinfo
 from csi_bridge.proto import csi_pb2, pluginregistration_pb2 as reg_pb, pluginregistration_pb2_grpc as reg_grpc
 from csi_bridge.server import Bridge, BridgeConfig
 from csi_bridge.sockets import Sockets, remove_stale_socket
+from localcluster.processes import free_port
 from polling import wait_for
 from testkit.bridge import REPO_ROOT, BridgeProcess, CsiClient, cleanup_mounts, make_bundle, publish_request
 from testkit.thread_signals import other_threads, signal_thread
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_help_explains_and_missing_node_id_is_a_clear_error():

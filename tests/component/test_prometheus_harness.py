@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from localcluster.processes import free_port
+from localcluster.processes import free_ports
 from polling import wait_for
 from scrape_config import documented_scrape_configs, with_pod_discovery
 from testkit.pod_discovery import PodDiscovery
@@ -49,7 +49,7 @@ def pod(name: str, labels: dict, annotations: dict, ports: list[tuple[str, int]]
 
 
 def test_the_documented_relabelling_makes_one_owner_target_with_its_model_and_node(tmp_path):
-    http, control = free_port(), free_port()
+    http, control = free_ports(2)
     metrics = serve_metrics(http)
     owner = pod("story-0-0", {"resident.dev/component": "owner", "resident.dev/model": "story"},
                 {"prometheus.io/scrape": "true", "prometheus.io/port": str(http), "prometheus.io/path": "/metrics"},
