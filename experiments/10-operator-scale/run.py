@@ -195,7 +195,36 @@ def tiny_bundle(work: Path) -> dict:
             "digest": make_demo(work / "bundle", 256 * 1024, seed=1).digest}
 
 
-def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, bundle: dict) -> dict:
+def where_time_goes(pid: int, seconds: float, work: Path, top: int = 25) -> dict:
+    """py-spy's samples of the running operator ``pid`` for ``seconds`` (100 a second, of
+    threads that run, not of idle ones, without stopping it): the functions where those
+    samples were (``self``) and those on their stacks (``inclusive``), each as a share of
+    all samples, the ``top`` of each. A process apart, after the measured window: the
+    sampling costs the operator a little, and the window's CPU figure stays clean of it."""
+    out = work / f"profile-{pid}.txt"
+    beside = Path(sys.executable).parent / "py-spy"   # the venv's, when run as .venv/bin/python
+    done = subprocess.run([str(beside) if beside.exists() else "py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                           "--rate", "100", "--nonblocking", "--format", "raw", "--output", str(out)],
+                          capture_output=True, text=True)
+    if done.returncode or not out.exists():
+        raise RuntimeError(f"py-spy failed: {done.stderr.strip()[-500:]}")
+    own, inclusive, total = Counter(), Counter(), 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]   # lines apart: one function
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for f in set(frames):
+            inclusive[f] += int(count)
+    out.unlink()
+    share = lambda c: {f: round(n / total, 4) for f, n in c.most_common(top)}   # noqa: E731
+    return {"seconds": seconds, "samples": total, "self": share(own), "inclusive": share(inclusive)}
+
+
+def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, bundle: dict,
+              profile: float = 0.0) -> dict:
     from kubernetes import client
 
     api = cp.api_client()
@@ -237,6 +266,7 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
         rss = rss_mib(proc.pid)
         settled = audited_requests(cp, t0, t1)
         own = settled.total()
+        profiled = where_time_goes(proc.pid, profile, work) if profile else None
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -258,7 +288,8 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
             "creation_writes_by_request": {k: n / models for k, n in sorted(writes.items())},
             "settled_requests_by_request": dict(sorted(settled.items())),
             "converge_cpu_seconds": {k: cpu_converged[k] - cpu_created[k] for k in cpu_created},
-            "namespace_gone_seconds": time.monotonic() - deleted, "quiet_after_converge_seconds": quiet}
+            "namespace_gone_seconds": time.monotonic() - deleted, "quiet_after_converge_seconds": quiet,
+            **({"profile": profiled} if profiled else {})}
 
 
 class AuditTail:
@@ -321,7 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", choices=("up", "down"), default="up",
                     help="down: every model's one source refuses connections (issue 27's outage; "
                          "with --arms retry,event: a retry loop per model against one probe per source)")
+    ap.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
+                    help="after each settled window, sample the operator this long with py-spy "
+                         "(in the test extra) and keep where its time went in raw.json; "
+                         "with fewer than 5 rounds a diagnosis, not a benchmark: one sample per arm, "
+                         "written to profile.json")
     args = ap.parse_args(argv)
+    diagnosis = bool(args.profile) and args.rounds < 5   # one sample per arm, profile.json, no summary
     arms = args.arms.split(",")
     if "event" not in arms or not set(arms) <= set(COMMITS) or len(set(arms)) != len(arms):
         ap.error(f"--arms: of {', '.join(COMMITS)}, event among them")
@@ -337,19 +374,30 @@ def main(argv: list[str] | None = None) -> int:
             kubernetes_version = cp.version
             counter = iter(range(1000))
             bundle = tiny_bundle(work) if args.source == "up" else unreachable_bundle()
-            samples = benchkit.run_rounds(args.rounds, {
-                arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter),
-                                                bundle))
-                for arm in arms})
+            rounds = {arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter),
+                                                      bundle, args.profile))
+                      for arm in arms}
+            if diagnosis:
+                samples = [{"round": 0, "arm": arm, **take()} for arm, take in rounds.items()]
+            else:
+                samples = benchkit.run_rounds(args.rounds, rounds)
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     raw = {"config": {"rounds": args.rounds, "models": args.models, "settle_seconds": args.settle,
-                      "source": args.source,
+                      "source": args.source, "profile_seconds": args.profile,
                       "poll_commit": POLL_COMMIT, "commits": {a: COMMITS[a] for a in arms},
                       "kubernetes": kubernetes_version},
            **benchkit.provenance(machine_before, benchkit.machine()), "samples": samples}
-    summary = recompute(raw)
     args.out.mkdir(parents=True, exist_ok=True)
+    if diagnosis:
+        (args.out / "profile.json").write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
+        for sample in samples:
+            for part in ("self", "inclusive"):
+                print(f"{sample['arm']}, {part}:")
+                for where, share in sample["profile"][part].items():
+                    print(f"  {share:6.1%}  {where}")
+        return 0
+    summary = recompute(raw)
     benchkit.write(args.out, raw, summary, draw)
     for m, s in summary.items():
         medians = "  ".join(f"{a} {s['arms'][a]['median']:10.3f}" for a in arms)
