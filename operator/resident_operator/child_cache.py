@@ -24,10 +24,12 @@ by the index and by the event handler is stored once, and a late event of the ve
 operator deleted does not undo its mark. An object seen deleted is remembered (a bounded set of UIDs), so
 a late event or a LIST made before the delete does not bring it back.
 
-**The sweep refreshes it.** Each minute the sweep LISTs every swept kind per namespace
-(``sweep.py``); :meth:`ChildCache.refresh` takes that LIST: cached objects it lacks that
-are not newer than the LIST are dropped (a missed DELETED event), newer ones it has replace
-older cached ones (a missed MODIFIED event).
+**The sweep refreshes it.** Each minute the sweep LISTs the metadata of every swept kind
+per namespace (``sweep.py``). Where the cache holds other objects or other versions than
+that LIST (:meth:`ChildCache.agrees`), the sweep LISTs the whole objects again and
+:meth:`ChildCache.refresh` takes them: cached objects it lacks that are not newer than the
+LIST are dropped (a missed DELETED event), newer ones it has replace older cached ones (a
+missed MODIFIED event). A settled cluster agrees, and costs only the metadata.
 
 **Ready from the start.** The operator declares kopf indexes on Pods and BundleDeliveries
 whose functions feed this cache (``handlers.py``); kopf runs no other handler, so no pass,
@@ -156,6 +158,21 @@ class ChildCache:
                     else:             # no order known: a pass asks the API server
                         self._forget(obj, gone=False)
             self._ready.add((namespace, kind))
+
+    def agrees(self, namespace: str, kind: str, listed: list[dict[str, Any]]) -> bool:
+        """Whether the cache answers for ``kind`` in ``namespace`` and holds exactly the
+        objects of ``listed`` (a LIST of every object labelled with a model UID there, only
+        their metadata will do), each at the version listed: then :meth:`refresh` with the
+        whole objects would change nothing."""
+        with self._lock:
+            if not self._all_ready and (namespace, kind) not in self._ready:
+                return False
+            held = {uid: obj for by_model in self._objects.get((namespace, kind), {}).values()
+                    for uid, obj in by_model.items()}
+            return len(held) == len(listed) and all(
+                (obj := held.get(o["metadata"].get("uid"))) is not None
+                and obj["metadata"].get("resourceVersion") == o["metadata"].get("resourceVersion")
+                for o in listed)
 
     def refresh_events(self, namespace: str, listed: list[dict[str, Any]]) -> None:
         """A LIST of the FailedMount Events in ``namespace``, made after the watch began."""

@@ -28,9 +28,10 @@ from .child_cache import ChildCache
 from .pod_verdicts import FAILED_MOUNT
 
 MOUNT_EVENTS = f"reason={FAILED_MOUNT},involvedObject.kind=Pod"   # the operator's watch of Events
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 log = logging.getLogger("resident.operator.kube")
-CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}
+CORE_KINDS = {"Pod": "pod", "Secret": "secret", "Service": "service"}   # plural: + "s"
 # other kinds: (group, version, plural); each is GA in every Kubernetes the operator supports
 KINDS = {"BundleDelivery": (naming.GROUP, naming.VERSION, naming.DELIVERY_PLURAL),
          "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
@@ -114,15 +115,30 @@ class Kube:
     def list(self, namespace: str, kind: str, selector: str) -> list[dict[str, Any]]:
         return self.list_at(namespace, kind, selector)[0]
 
-    def list_at(self, namespace: str, kind: str, selector: str) -> tuple[list[dict[str, Any]], str | None]:
-        """The objects and the resourceVersion the LIST was made at."""
-        listed = self._json(self._call("list", kind, namespace, label_selector=selector,
-                                       _preload_content=False))
+    def list_at(self, namespace: str, kind: str, selector: str, metadata_only: bool = False
+                ) -> tuple[list[dict[str, Any]], str | None]:
+        """The objects and the resourceVersion the LIST was made at. ``metadata_only``: only
+        each object's metadata (a PartialObjectMetadataList, as client-go's metadata
+        informers read; a server that cannot answer so answers whole objects)."""
+        if metadata_only:
+            listed = self._json(self.core.api_client.call_api(
+                self._collection(namespace, kind), "GET", query_params=[("labelSelector", selector)],
+                header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"],
+                _return_http_data_only=True, _preload_content=False))
+        else:
+            listed = self._json(self._call("list", kind, namespace, label_selector=selector,
+                                           _preload_content=False))
         items = listed.get("items") or []
         for item in items:
-            item.setdefault("kind", kind)
-            item.setdefault("apiVersion", self.api_version(kind))
+            item["kind"], item["apiVersion"] = kind, self.api_version(kind)
         return items, (listed.get("metadata") or {}).get("resourceVersion")
+
+    def _collection(self, namespace: str, kind: str) -> str:
+        """The URL path of ``kind``'s collection in ``namespace``."""
+        if kind in CORE_KINDS:
+            return f"/api/v1/namespaces/{namespace}/{CORE_KINDS[kind]}s"
+        group, version, plural = KINDS[kind]
+        return f"/apis/{group}/{version}/namespaces/{namespace}/{plural}"
 
     def children(self, namespace: str, kind: str, model: str, recorded: Iterable[str]
                  ) -> list[dict[str, Any]]:

@@ -495,9 +495,10 @@ def test_the_sweep_wakes_a_model_whose_recorded_child_went_unseen(cluster, names
 
 def test_the_sweep_repairs_the_pod_cache_after_a_missed_delete(cluster, namespace, tiny):
     """Passes read owner Pods from the watch cache (child_cache.py). A Pod deleted while
-    its watch event was lost stays in the cache until the next sweep: its LIST drops the
-    Pod, the model is woken, and the Pod is known gone (no LIST needed for its record).
-    Run directly, under the operator's account."""
+    its watch event was lost stays in the cache until the next sweep: its LIST of the Pods'
+    metadata disagrees with the cache, a LIST of whole Pods drops the Pod, the model is
+    woken, and the Pod is known gone (no LIST needed for its record). A sweep that finds the
+    cache as listed reads metadata only. Run directly, under the operator's account."""
     api = Api(cluster, namespace)
     model = api.create_model("ghosted", tiny)
     uid = model["metadata"]["uid"]
@@ -517,14 +518,27 @@ def test_the_sweep_repairs_the_pod_cache_after_a_missed_delete(cluster, namespac
     assert woken == []                                        # children as recorded
     [cached] = kube.cache.children(namespace, "Pod", "ghosted", [pod.metadata.uid])
     assert cached["metadata"]["uid"] == pod.metadata.uid
+    [listed], _ = kube.list_at(namespace, "Pod", "resident.dev/model-uid", metadata_only=True)
+    assert listed["kind"] == "Pod" and "spec" not in listed and listed["metadata"]["uid"] == pod.metadata.uid
     api.core.delete_namespaced_pod("ghosted-owner-0", namespace, grace_period_seconds=0)
     wait_for(lambda: not api.pods("resident.dev/model=ghosted"), what="the Pod to go")
     # no watch told the cache: it still holds the Pod, until the sweep lists again
     assert len(kube.cache.children(namespace, "Pod", "ghosted", [pod.metadata.uid])) == 1
+    whole = []   # the kinds the sweep LISTs whole in the namespace: only where the cache disagrees
+    list_at = kube.list_at
+
+    def counted(ns, kind, selector, metadata_only=False):
+        if not metadata_only and selector == "resident.dev/model-uid":   # not a model's close look
+            whole.append(kind)
+        return list_at(ns, kind, selector, metadata_only)
+    kube.list_at = counted
     sweep_once(kube, settings_from_env({}), [handle], woken.append)
-    assert woken == [handle]
+    assert woken == [handle] and whole == ["Pod"], whole
     assert kube.cache.children(namespace, "Pod", "ghosted", [pod.metadata.uid]) == []   # known gone
     assert not api.model("ghosted")["status"].get("children")   # and its record forgotten
+    whole.clear()
+    sweep_once(kube, settings_from_env({}), [handle], woken.append)   # settled: metadata only
+    assert whole == [], whole
 
 
 def test_the_sweep_keeps_to_its_budget_past_a_model_whose_pass_holds_it(cluster, namespace, tiny):

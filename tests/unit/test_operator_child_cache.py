@@ -92,6 +92,19 @@ def test_the_sweeps_list_brings_a_missed_change():
     assert cache.children(NS, "Pod", "lm", ["a"])[0]["metadata"]["annotations"] == {"ready": "yes"}
 
 
+def test_it_agrees_with_a_list_of_the_same_objects_at_the_same_versions_only():
+    """The sweep LISTs only metadata and reads whole objects where the cache disagrees."""
+    meta = lambda o: {"metadata": o["metadata"]}   # noqa: E731 - what a metadata-only LIST holds
+    assert not ChildCache().agrees(NS, "Pod", [])                        # it answers for nothing yet
+    cache = ready(ChildCache(), pod("a", 5), pod("b", 6, model="other"), version=10)
+    assert cache.agrees(NS, "Pod", [meta(pod("a", 5)), meta(pod("b", 6, model="other"))])
+    assert not cache.agrees(NS, "Pod", [meta(pod("a", 7)), meta(pod("b", 6, model="other"))])   # a missed change
+    assert not cache.agrees(NS, "Pod", [meta(pod("a", 5))])                        # a missed delete
+    assert not cache.agrees(NS, "Pod", [meta(pod("a", 5)), meta(pod("b", 6, model="other")),
+                                        meta(pod("c", 8))])                        # a missed create
+    assert not cache.agrees("elsewhere", "Pod", [])
+
+
 def test_its_own_writes_show_before_their_events():
     cache = ready(ChildCache())
     cache.wrote("Pod", pod("new", 101))
