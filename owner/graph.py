@@ -126,13 +126,15 @@ def _check_binds(config: dict, arena: dict[str, np.ndarray]) -> None:
 
 
 def _weight_arena(config: dict) -> dict[str, np.ndarray]:
-    """One touched float32 buffer for every tensor the config implies, as named views."""
+    """One float32 buffer for every tensor the config implies, as named views. Not touched
+    here: a load writes every value of it (a tensor it lacks is an error), widening on
+    every core, so the pages' first touch is spread over the cores too (a fill on one
+    thread first made a 1 GiB load slower: docs/owner.md)."""
     shapes = tensor_shapes(config)
     total = sum(math.prod(shape) for _, shape in shapes)
     if total * 4 > MAX_ARENA_BYTES:
         raise GraphError(f"weights of {total} parameters exceed the {MAX_ARENA_BYTES}-byte arena limit")
     arena = np.empty(total, dtype=np.float32)
-    arena.fill(0.0)  # touch every page now, not during the first load
     views, at = {}, 0
     for name, shape in shapes:
         n = math.prod(shape)
