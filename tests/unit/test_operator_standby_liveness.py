@@ -10,15 +10,10 @@ import socket
 import pytest
 import requests
 
+from localcluster.processes import free_port
 from resident_operator.leadership import Leadership, standby_liveness
 
 pytestmark = pytest.mark.unit
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_waiting_standby_answers_its_liveness_path_and_frees_the_port_for_kopf():
