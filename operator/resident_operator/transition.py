@@ -257,7 +257,11 @@ def _delivering(t: TransitionState, p: OwnerProgress, obs: OwnerObservation, now
         p = _to(p, Step.preparing if t.commit == "Lockstep" else Step.applying, delivered_at=now,
                 method=d.method, reason="", message="",
                 staging_seconds=None if p.prestaged else d.duration_seconds or None, bytes=moved)
-        return Decision(p, [Action.start_owner_transition])
+        # The next step starts the owner's transition, as it does when it resumes: a start
+        # whose save was lost (the API server went away) left the progress here, and the
+        # owner already reloading or on the target must not be asked again (a no-op in-place
+        # transition would then stand for the switch's reload).
+        return _STEPS[p.step](t, p, obs, now)
     return Decision(p)
 
 

@@ -141,6 +141,25 @@ def test_resume_does_not_post_twice():
     assert step(t, p, healthy()).actions == [Action.start_owner_transition]
 
 
+def test_a_start_whose_save_was_lost_is_not_posted_again():
+    """A pass started the owner's transition and could not save that (the API server was
+    killed): the saved progress still says Delivering. The next pass must not ask the owner
+    again, whether it is still reloading or already on the target (the chaos soak's seed 326:
+    a second, no-op in-place transition became the strategy of a switch that reloaded)."""
+    t = state()
+    p = t.owners[0].model_copy(update={"step": Step.delivering, "started_at": 100.0, "delivery": "bd"})
+    staged = DeliveryObservation(phase="Staged", verified=True, fetched=10, method="graph-only")
+    d = step(t, p, healthy(state="transitioning", delivery=staged))
+    assert d.progress.step == Step.applying and d.actions == [] and d.progress.method == "graph-only"
+    d = step(t, p, healthy(identity_bundle=B, delivery=staged))
+    assert d.progress.step == Step.verifying and d.actions == []
+    d = step(t, p, healthy(delivery=staged))   # not started yet: started now, as before
+    assert d.progress.step == Step.applying and d.actions == [Action.start_owner_transition]
+    lock = lockstep(1)
+    d = step(lock, p, healthy(state="transitioning", delivery=staged))
+    assert d.progress.step == Step.preparing and d.actions == []
+
+
 def test_lost_owner_transition_is_a_failure_not_a_retry():
     t = state()
     d = step(t, applying(t), healthy(owner_transition=None))
