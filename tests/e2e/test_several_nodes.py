@@ -424,11 +424,17 @@ def test_a_three_minute_chaos_soak_loses_no_request_outside_a_documented_gap_and
     assert all(r["sent"] > 100 for r in raw["requests"].values()), {k: r["sent"] for k, r in raw["requests"].items()}
     defects = {m: [a for a in r["failed"] if attribute(raw, m, a) == "defect"]
                for m, r in raw["requests"].items()}
-    # with what the soak read when each defect ended: the Service's endpoints and, for a
+    # with the model's switches around each defect (their strategy decides a reload's 503s),
+    # and what the soak read when each defect ended: the Service's endpoints and, for a
     # connection error, the gateway's unanswered SYNs (which endpoint they were sent to)
-    assert summary["requests"]["defect"] == 0, {m: (d[:5], [e for e in raw["endpoints_at_failures"] if e["model"] == m
-                                                            and any(a[1] <= e["at"] <= a[1] + 5 for a in d)][:3])
-                                                for m, d in defects.items() if d}
+
+    def around(m, d):
+        near = lambda at: any(a[0] - 30 <= at <= a[1] + 5 for a in d)   # noqa: E731
+        switches = [{k: s[k] for k in ("action", "start", "end", "strategy", "replicas", "result")}
+                    for s in raw["switches"] if s["model"] == m and (near(s["start"]) or near(s["end"] or 0))]
+        seen = [e for e in raw["endpoints_at_failures"] if e["model"] == m and near(e["at"])]
+        return {"failed": d[:5], "switches": switches[:4], "endpoints": seen[:3]}
+    assert summary["requests"]["defect"] == 0, {m: around(m, d) for m, d in defects.items() if d}
     assert raw["settled"]["ok"], raw["settled"]
     assert raw["leaks"] == [] and raw["left_after_delete"] == [], raw["leaks"] + raw["left_after_delete"]
     # a standby operator answers kubelet's liveness probe while it waits for the Lease
