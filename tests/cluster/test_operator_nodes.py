@@ -90,12 +90,14 @@ def test_evictions_follow_the_budget_and_kubectl_scale_moves_it(cluster, namespa
         failures = [m for r, m in budget_events(api, "lm") if r == "CalculateExpectedPodCountFailed"]
         assert all('no matches for kind "ResidentModel"' in m for m in failures), failures
 
-        first, second = (p.metadata.name for p in live_owners(api, "lm"))
+        (first, evicted), (second, _) = ((p.metadata.name, p.metadata.uid) for p in live_owners(api, "lm"))
         assert evict(api, first) == 201
         assert evict(api, second) == 429     # the first is not back yet: the budget refuses
         assert api.core.read_namespaced_pod(second, namespace).metadata.deletion_timestamp is None
-        # the evicted owner is re-created as the slot's next incarnation, and the budget recovers
-        wait_for(lambda: len([p for p in live_owners(api, "lm") if p.metadata.name != first]) == 2
+        # the evicted owner is replaced, and the budget recovers. The replacement is told by
+        # its UID: it keeps the name when the operator sees the eviction only once the Pod is
+        # gone (a new incarnation only while the old Pod still terminates: naming.py)
+        wait_for(lambda: len([p for p in live_owners(api, "lm") if p.metadata.uid != evicted]) == 2
                  and (api.model("lm").get("status") or {}).get("ready") == "2/2", timeout=60,
                  what="the evicted owner replaced and ready")
         wait_for(lambda: budget(api, "lm")["status"]["disruptions_allowed"] == 1, timeout=30,
