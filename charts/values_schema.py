@@ -54,6 +54,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "operator.resyncSeconds": POSITIVE_SECONDS,
     "operator.resyncPassesPerSecond": {"type": "number", "exclusiveMinimum": 0},
     "operator.sweepSeconds": POSITIVE_SECONDS,
+    "operator.sweepShare": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "operator.deleteGraceSeconds": POSITIVE_SECONDS,
     "operator.extraEnv": NAMED_ITEMS,
     "operator.watchNamespaces": {"items": {"type": "string", "minLength": 1}},

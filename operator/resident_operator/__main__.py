@@ -56,6 +56,9 @@ Installation settings come from the environment:
                                      this many models a second; a due resync waits its
                                      turn (default 3)
   RESIDENT_SWEEP_SECONDS             cluster-wide sweep of labelled orphans (default 60)
+  RESIDENT_SWEEP_SHARE               the share of the time the sweep may take: after a
+                                     sweep of t seconds the next waits at least
+                                     t / share (default 0.02)
   RESIDENT_SWEEP_BUDGET_SECONDS      the longest one sweep runs (default 20)
   RESIDENT_READINESS_PERIOD_SECONDS  owner readiness probe period (default 5)
   RESIDENT_OWNER_START_LIMIT_SECONDS the owner's startup probe asks every second, this

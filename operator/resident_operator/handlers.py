@@ -47,7 +47,7 @@ from .passes import model_context, run_pass
 from .reconcile import state_of
 from .settings import OperatorSettings, settings_from_env
 from .source_probes import SourceProbes
-from .sweep import sweep_once
+from .sweep import pause_after, sweep_once
 
 log = logging.getLogger("resident.operator")
 MODEL = (naming.GROUP, naming.VERSION, naming.MODEL_PLURAL)
@@ -142,16 +142,17 @@ def _owner_answers(rt: Runtime, model_uid: str) -> None:
 
 async def _sweep_forever(rt: Runtime) -> None:
     loop = asyncio.get_running_loop()
-    rounds = 0
+    rounds, pause = 0, rt.settings.sweep_seconds
     while True:
-        await asyncio.sleep(rt.settings.sweep_seconds)
+        await asyncio.sleep(pause)
+        began = time.monotonic()
         try:
             await loop.run_in_executor(rt.sweep_pool, contextvars.copy_context().run, sweep_once,
                                        rt.kube, rt.settings, list(rt.handles.values()),
                                        lambda h: loop.call_soon_threadsafe(h.poke, "sweep"), rounds)
         except Exception:  # noqa: BLE001 - the next sweep tries again
             log.exception("orphan sweep failed")
-        rounds += 1
+        rounds, pause = rounds + 1, pause_after(rt.settings, time.monotonic() - began)
 
 
 @kopf.on.login()

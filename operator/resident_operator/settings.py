@@ -48,7 +48,11 @@ class OperatorSettings(BaseModel):
         "the safety resyncs of all models together pass at most this many models a second: a "
         "due resync waits its turn, so with many models each model's resync comes less often"))
     sweep_seconds: float = Field(default=60.0, gt=0, description=(
-        "how often the cluster-wide sweep looks for labelled orphans"))
+        "how often the cluster-wide sweep looks for labelled orphans (at least)"))
+    sweep_share: float = Field(default=0.02, gt=0, le=1, description=(
+        "the share of the time the sweep may take: after a sweep that took t seconds the "
+        "next waits max(sweep_seconds, t / sweep_share), so a larger cluster is swept less "
+        "often instead of costing the operator more"))
     sweep_budget_seconds: float = Field(default=20.0, gt=0, description=(
         "the longest one sweep runs (on its own thread) before it stops and leaves the rest "
         "to the next; it never waits longer than that for a model's pass to finish"))

@@ -61,6 +61,7 @@ OPERATOR_ENV = {
     "RESIDENT_OWNER_HOST": "127.0.0.1",
     "RESIDENT_RESYNC_SECONDS": "120",   # nothing in a test may rely on the safety resync
     "RESIDENT_SWEEP_SECONDS": "2",
+    "RESIDENT_SWEEP_SHARE": "0.5",   # still every 2 s unless a sweep takes over 1 s
     "RESIDENT_OWNER_TIMEOUT_SECONDS": "3",
 }
 BRIDGE_KUBECONFIG: str | None = None   # the chart's bridge ServiceAccount (tests/cluster/conftest.py)

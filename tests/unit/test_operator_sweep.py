@@ -1,6 +1,7 @@
 """Which models the orphan sweep looks at closely (sweep.differing): a real difference
 between a model's records and what its namespace's LISTs showed, not a record or a create
-on its way, and the models looked at least recently first."""
+on its way, and the models looked at least recently first; and how long it waits between
+sweeps (sweep.pause_after)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 from resident_operator.cleanup import ORPHAN_MIN_AGE_SECONDS
 from resident_operator.driver import ModelHandle
-from resident_operator.sweep import differing
+from resident_operator.settings import settings_from_env
+from resident_operator.sweep import differing, pause_after
 
 pytestmark = pytest.mark.unit
 NOW = 1_800_000_000.0
@@ -58,3 +60,14 @@ def test_the_models_looked_at_least_recently_come_first():
     a, b, c = (handle(n, {"gone"}) for n in "abc")
     a.swept_at, c.swept_at = time.monotonic(), time.monotonic() - 30
     assert differing([a, b, c], {}, time.monotonic(), NOW) == [b, c, a]
+
+
+def test_a_sweep_that_took_long_waits_so_sweeping_stays_within_its_share():
+    settings = settings_from_env({})   # every 60 s, at most 2 % of the time
+    assert settings.sweep_share == 0.02
+    assert pause_after(settings, 0.3) == 60.0          # a small cluster: the period
+    assert pause_after(settings, 3.0) == pytest.approx(150.0)   # 3 s of sweeping: 150 s apart
+    assert pause_after(settings_from_env({"RESIDENT_SWEEP_SECONDS": "2", "RESIDENT_SWEEP_SHARE": "0.5"}),
+                       0.4) == 2.0
+    with pytest.raises(Exception, match="RESIDENT_SWEEP_SHARE"):
+        settings_from_env({"RESIDENT_SWEEP_SHARE": "0"})
