@@ -28,6 +28,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from localcluster.processes import free_port, free_ports
+
 pytestmark = pytest.mark.oldest   # run again on the oldest declared Kubernetes (scripts/test)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,12 +53,6 @@ SERVICE_MONITOR_CRD = {  # the shape of prometheus-operator's CRD, reduced to wh
              "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
                  "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(proc, check):
@@ -104,7 +100,7 @@ def fresh():
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("create", "namespace", "models")
         wait_for(lambda: cp.kubectl("get", "servicemonitors", check=False).returncode == 0, timeout=45, what="the ServiceMonitor CRD", every=0.3)
-        ports = {"health": free_port(), "metrics": free_port(), "bridge": free_port()}
+        ports = dict(zip(("health", "metrics", "bridge"), free_ports(3)))   # three different ports
         f = Fresh(cp, Helm(cp.kubeconfig, NAMESPACE), ports)
         f.helm.install(RELEASE, {
             "crds": {"keep": False},
