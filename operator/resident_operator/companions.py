@@ -7,7 +7,9 @@ recorded, else reads it by name and creates it again when it is missing; it adop
 left by a crash (the create's 409) when it is labelled for and owned by this model,
 forgets records of earlier ones (someone deleted them), and patches the spec fields the
 model decides when they drifted. A name held by an object that is not this
-model's is left alone, with a Warning Event.
+model's is left alone, with a Warning Event. A companion no longer wanted (the budget of a
+model with no more owners than ``maxUnavailable``, the policy with its setting off) is
+deleted by UID.
 """
 
 from __future__ import annotations
@@ -45,3 +47,11 @@ def ensure_companion(ctx: ModelContext, state: ModelState, wanted: dict[str, Any
     if drift:
         ctx.kube.patch(ctx.namespace, kind, name, {"spec": drift})
     return obj
+
+
+def retire_companion(ctx: ModelContext, state: ModelState, kind: str, why: str) -> None:
+    """Delete, by UID, the recorded companions of ``kind`` no longer wanted (``why``)."""
+    for rec in ch.of_kind(state.children, kind):
+        if ctx.kube.delete(ctx.namespace, kind, rec["name"], rec["uid"]) == "deleted":
+            ctx.event("ChildDeleted", f"deleted {kind} {rec['name']} (uid {rec['uid']}): {why}")
+        state.forget_child(rec["uid"])

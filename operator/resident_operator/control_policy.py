@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import children as ch
 from . import naming
-from .companions import ensure_companion
+from .companions import ensure_companion, retire_companion
 from .context import ModelContext
 from .model_state import ModelState
 from .settings import OperatorSettings
@@ -65,8 +64,4 @@ def ensure_control_policy(ctx: ModelContext, state: ModelState) -> None:
         ensure_companion(ctx, state, build_control_policy(ctx.name, ctx.uid, ctx.settings),
                          ("podSelector", "policyTypes", "ingress"))
         return
-    for rec in ch.of_kind(state.children, KIND):
-        if ctx.kube.delete(ctx.namespace, KIND, rec["name"], rec["uid"]) == "deleted":
-            ctx.event("ChildDeleted", f"deleted {KIND} {rec['name']} (uid {rec['uid']}): "
-                                      "RESIDENT_OWNER_NETWORK_POLICY is off")
-        state.forget_child(rec["uid"])
+    retire_companion(ctx, state, KIND, "RESIDENT_OWNER_NETWORK_POLICY is off")

@@ -1,8 +1,12 @@
 """The model's PodDisruptionBudget: a node drain evicts at most ``maxUnavailable`` owners.
 
-One PDB per model, named after it, selecting its owner Pods, with
-``maxUnavailable = spec.transition.maxUnavailable`` (the bound the operator keeps during a
-rollout too). A companion child (``companions.py``): recorded, adopted, kept in line with
+One PDB per model whose ``spec.replicas`` is above ``spec.transition.maxUnavailable``,
+named after it, selecting its owner Pods, with ``maxUnavailable =
+spec.transition.maxUnavailable`` (the bound the operator keeps during a rollout too). A
+model with no more owners than that (one owner, by default) gets none: such a budget
+allows every eviction, as no budget does, and would only cost the API server an object
+and the disruption controller its upkeep; it is deleted when a scale-down makes it so. A
+companion child (``companions.py``): recorded, adopted, kept in line with
 the spec, deleted by UID with the model. It is ``policy/v1``, served by every Kubernetes the
 operator supports (``policy/v1beta1`` is gone since 1.25).
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import naming, retry_policy
-from .companions import ensure_companion
+from .companions import ensure_companion, retire_companion
 from .conditions import find
 from .context import ModelContext
 from .model_state import ModelState
@@ -63,9 +67,19 @@ def resync_due(budget: dict[str, Any], now: float) -> bool:
         return True
 
 
+def bounds_evictions(spec: ModelSpec) -> bool:
+    """Would a budget refuse an eviction? Only with more owners than ``maxUnavailable``."""
+    return spec.replicas > spec.transition.max_unavailable
+
+
 def ensure_disruption_budget(ctx: ModelContext, state: ModelState, spec: ModelSpec) -> bool:
-    """Keep the budget in line with the spec; False while the disruption controller could
-    not compute it (the pass then checks it again after ``BUDGET_RESYNC_SECONDS``)."""
+    """Keep the budget in line with the spec (none where it would bound nothing); False
+    while the disruption controller could not compute it (the pass then checks it again
+    after ``BUDGET_RESYNC_SECONDS``)."""
+    if not bounds_evictions(spec):
+        retire_companion(ctx, state, KIND, f"{spec.replicas} owners, maxUnavailable "
+                         f"{spec.transition.max_unavailable}: a budget would bound nothing")
+        return True
     wanted = build_disruption_budget(ctx.name, ctx.uid, spec)
     budget = ensure_companion(ctx, state, wanted, ("maxUnavailable", "selector"))
     failure = sync_failure(budget or {})

@@ -44,6 +44,15 @@ def test_disruption_budget_bounds_evictions_by_max_unavailable():
         naming.LABEL_MODEL_UID: "uid-1", naming.LABEL_COMPONENT: naming.COMPONENT_OWNER}}}
 
 
+def test_only_a_model_with_more_owners_than_max_unavailable_gets_a_budget():
+    from resident_operator.disruption import bounds_evictions
+    assert not bounds_evictions(spec())                        # one owner: every eviction allowed anyway
+    assert not bounds_evictions(spec(replicas=0))
+    assert bounds_evictions(spec(replicas=2))
+    assert not bounds_evictions(spec(replicas=2, transition={"maxUnavailable": 2}))
+    assert bounds_evictions(spec(replicas=3, transition={"maxUnavailable": 2}))
+
+
 def test_a_reloading_owner_drains_only_when_another_replica_can_take_its_traffic():
     from resident_operator.owner_step import DRAIN_MARGIN_SECONDS, drain_seconds
     from resident_operator.settings import OperatorSettings
