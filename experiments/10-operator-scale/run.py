@@ -12,6 +12,9 @@ user so the API server's audit log attributes every request to it. Arms:
 - ``list``: the event-driven operator as of commit ``LIST_COMMIT``, the last one whose
   passes LIST a model's Pods and BundleDeliveries from the API server (and list a waiting
   Pod's Events every 3 s), unpacked the same way;
+- ``budget``: the event-driven operator as of commit ``BUDGET_COMMIT``, the last one that
+  gave every model a PodDisruptionBudget (since, only a model with more owners than
+  ``maxUnavailable`` gets one), unpacked the same way;
 - ``event``: the operator of this checkout (one driver per model woken by watch events,
   passes that read Pods and deliveries from the watch cache, a slow safety resync, one
   cluster-wide sweep), with the per-model NetworkPolicy on as the chart deploys it
@@ -67,7 +70,8 @@ import benchkit  # noqa: E402
 POLL_COMMIT = "587e517"          # the last commit of the poll-driven operator
 RETRY_COMMIT = "8419040"         # the last event-driven operator whose models retry a source alone
 LIST_COMMIT = "5844fec"          # the last event-driven operator whose passes LIST children
-COMMITS = {"poll": POLL_COMMIT, "retry": RETRY_COMMIT, "list": LIST_COMMIT,
+BUDGET_COMMIT = "2161d4b"        # the last operator that gave every model a disruption budget
+COMMITS = {"poll": POLL_COMMIT, "retry": RETRY_COMMIT, "list": LIST_COMMIT, "budget": BUDGET_COMMIT,
            "event": None}   # None: this checkout
 USER = "resident-operator"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
