@@ -12,6 +12,9 @@ user so the API server's audit log attributes every request to it. Arms:
 - ``list``: the event-driven operator as of commit ``LIST_COMMIT``, the last one whose
   passes LIST a model's Pods and BundleDeliveries from the API server (and list a waiting
   Pod's Events every 3 s), unpacked the same way;
+- ``writes``: the event-driven operator as of commit ``WRITES_COMMIT``, the one
+  ``creation-writes/`` measured (one status write and one Event per pass), unpacked the
+  same way;
 - ``budget``: the event-driven operator as of commit ``BUDGET_COMMIT``, the last one that
   gave every model a PodDisruptionBudget (since, only a model with more owners than
   ``maxUnavailable`` gets one), unpacked the same way;
@@ -70,9 +73,10 @@ import benchkit  # noqa: E402
 POLL_COMMIT = "587e517"          # the last commit of the poll-driven operator
 RETRY_COMMIT = "8419040"         # the last event-driven operator whose models retry a source alone
 LIST_COMMIT = "5844fec"          # the last event-driven operator whose passes LIST children
+WRITES_COMMIT = "bfd3e59"        # the operator creation-writes/ measured
 BUDGET_COMMIT = "2161d4b"        # the last operator that gave every model a disruption budget
-COMMITS = {"poll": POLL_COMMIT, "retry": RETRY_COMMIT, "list": LIST_COMMIT, "budget": BUDGET_COMMIT,
-           "event": None}   # None: this checkout
+COMMITS = {"poll": POLL_COMMIT, "retry": RETRY_COMMIT, "list": LIST_COMMIT, "writes": WRITES_COMMIT,
+           "budget": BUDGET_COMMIT, "event": None}   # None: this checkout
 USER = "resident-operator"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 QUIET_SECONDS = 30.0     # no write of the operator's this long: the creation is over
