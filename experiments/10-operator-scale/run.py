@@ -27,12 +27,15 @@ user so the API server's audit log attributes every request to it. Arms:
 
 Per round and arm: a fresh namespace, the operator started, ``--models`` ResidentModels
 created at once (8 client threads); *converge* is the time from the last create until
-every model has status conditions; once the operator has written nothing for 30 s, it
+every model has status conditions, seen through a watch of the namespace's models
+(``--observer poll``: a LIST of every model every 0.5 s, as the runs before 2026-12-06
+saw it; at 3,000 models those LISTs were some 30 % of the API server's CPU); once the operator has written nothing for 30 s, it
 is left alone for ``--settle`` seconds and we record its CPU time (utime+stime from
 /proc), its RSS at the end, and its API requests in that window (audit log, one entry per request, long watches included);
 *creation writes per model* are its create, update, patch and delete requests from the
 first create until the operator has written nothing for 30 s (at least 10 s after
-convergence; the first runs waited exactly 10 s), divided by the model count;
+convergence; the first runs waited exactly 10 s), divided by the model count (all its
+requests of that window, reads too, by verb and resource, are kept beside them);
 ``apiserver_request_total`` over the same window is kept beside it (it includes the
 controller-manager's and the scheduler's own traffic). Then the operator stops, the
 models lose their finalizers and the namespace is deleted; the next sample starts once it
@@ -57,6 +60,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -231,8 +235,42 @@ def where_time_goes(pid: int, seconds: float, work: Path, top: int = 25) -> dict
     return {"seconds": seconds, "samples": total, "self": share(own), "inclusive": share(inclusive)}
 
 
+def apiserver_profile(cp, seconds: float, work: Path, top: int = 60) -> dict:
+    """kube-apiserver's own CPU profile over the next ``seconds`` (Go's pprof at
+    ``/debug/pprof/profile``, on by default, read with the admin token; ``go tool pprof``
+    reads it): the functions where its samples were (``self``) and those on their stacks
+    (``inclusive``), each as a share of all samples, the ``top`` of each, and the CPU
+    seconds sampled. Where the API server's time goes while models converge."""
+    out = work / f"apiserver-{time.monotonic_ns()}.pprof"
+    req = urllib.request.Request(f"{cp.server}/debug/pprof/profile?seconds={int(seconds)}",
+                                 headers={"Authorization": f"Bearer {cp.token}"})
+    with urllib.request.urlopen(req, context=cp.ssl_context(), timeout=seconds + 60) as resp:
+        out.write_bytes(resp.read())
+    try:
+        return {"seconds": seconds, **{part: pprof_top(out, flag, top)
+                                       for part, flag in (("self", "-flat"), ("inclusive", "-cum"))}}
+    finally:
+        out.unlink()
+
+
+def pprof_top(profile: Path, order: str, top: int) -> dict:
+    """``go tool pprof -top``'s table (ordered by ``order``) as {function: share of all samples}
+    plus ``cpu_seconds``: the profile's total."""
+    text = subprocess.run(["go", "tool", "pprof", "-top", order, f"-nodecount={top}", str(profile)],
+                          check=True, capture_output=True, text=True).stdout
+    total = re.search(r"Duration: .*?Total samples = ([\d.]+)(m?s)", text)
+    shares = {}
+    for line in text.splitlines():
+        # flat  flat%  sum%  cum  cum%  function
+        cols = line.split(None, 5)
+        if len(cols) == 6 and cols[1].endswith("%") and cols[4].endswith("%"):
+            shares[cols[5]] = float((cols[1] if order == "-flat" else cols[4]).rstrip("%")) / 100
+    return {"cpu_seconds": float(total.group(1)) / (1000 if total.group(2) == "ms" else 1) if total else None,
+            "shares": shares}
+
+
 def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, bundle: dict,
-              profile: float = 0.0) -> dict:
+              profile: float = 0.0, server_profile: float = 0.0, observer: str = "watch") -> dict:
     from kubernetes import client
 
     api = cp.api_client()
@@ -252,22 +290,21 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
     try:
         time.sleep(3)   # kopf is up and watching an empty namespace
         tail = AuditTail(cp.audit_log)
+        watched = ConditionsWatch(custom, ns, models) if observer == "watch" else None
         created, cpu_created = time.time(), cpu_by_process(cp, proc)
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: custom.create_namespaced_custom_object(
                 "resident.dev", "v1alpha1", ns, "residentmodels", model(f"m{i:04d}", bundle)), range(models)))
         applied = time.monotonic()
-        while True:
-            items = custom.list_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels")["items"]
-            if sum(1 for m in items if (m.get("status") or {}).get("conditions")) == models:
-                break
-            if time.monotonic() - applied > 600:
-                raise TimeoutError(f"{arm}: not every model has conditions after 600 s")
-            time.sleep(0.5)
-        converge = time.monotonic() - applied
-        cpu_converged = cpu_by_process(cp, proc)
+        with ThreadPoolExecutor(1) as pool:
+            server_profiled = pool.submit(apiserver_profile, cp, server_profile, work) if server_profile else None
+            converged = watched.wait(applied + 600) if watched else poll_conditions(custom, ns, models, applied + 600)
+            converge = max(0.0, converged - applied)
+            cpu_converged = cpu_by_process(cp, proc)
+            server_profiled = server_profiled.result() if server_profiled else None
         quiet = wait_for_quiet(tail)   # the creation's writes are over before the settled window
-        writes = audited_requests(cp, created, time.time(), WRITES)
+        creation = audited_requests(cp, created, time.time())
+        writes = Counter({k: n for k, n in creation.items() if k.split(" ", 1)[0] in WRITES})
         t0, cpu0, req0 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
         time.sleep(settle)
         t1, cpu1, req1 = time.time(), cpu_seconds(proc.pid), apiserver_requests(cp)
@@ -294,10 +331,71 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
             "rss_mib": rss, "operator_requests": own, "requests_per_model_minute": own / models / minutes,
             "apiserver_requests_total_delta": req1 - req0, "creation_writes_per_model": writes.total() / models,
             "creation_writes_by_request": {k: n / models for k, n in sorted(writes.items())},
+            "creation_requests_by_request": dict(sorted(creation.items())),
             "settled_requests_by_request": dict(sorted(settled.items())),
             "converge_cpu_seconds": {k: cpu_converged[k] - cpu_created[k] for k in cpu_created},
             "namespace_gone_seconds": time.monotonic() - deleted, "quiet_after_converge_seconds": quiet,
-            **({"profile": profiled} if profiled else {})}
+            **({"profile": profiled} if profiled else {}),
+            **({"apiserver_profile": server_profiled} if server_profiled else {})}
+
+
+class ConditionsWatch:
+    """When every one of ``models`` ResidentModels of ``ns`` has status conditions, seen
+    through a watch started now (before the creates): the API server sends this observer
+    each change once. The runs before 2026-12-06 polled instead (``poll_conditions``)."""
+
+    def __init__(self, custom, ns: str, models: int) -> None:
+        from kubernetes import watch
+        version = custom.list_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels"
+                                                       )["metadata"]["resourceVersion"]
+        self.models, self.at, self.failed = models, None, None
+        self.stream = watch.Watch()
+        self.thread = threading.Thread(target=self._follow, args=(custom, ns, version), daemon=True)
+        self.thread.start()
+
+    def _follow(self, custom, ns: str, version: str) -> None:
+        have: set[str] = set()
+        try:
+            for event in self.stream.stream(custom.list_namespaced_custom_object, "resident.dev", "v1alpha1",
+                                            ns, "residentmodels", resource_version=version):
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"the watch ended: {event['object']}")
+                body = event["object"]
+                name = body["metadata"]["name"]
+                if event["type"] != "DELETED" and (body.get("status") or {}).get("conditions"):
+                    have.add(name)
+                else:
+                    have.discard(name)
+                if len(have) == self.models:
+                    self.at = time.monotonic()
+                    return
+        except Exception as e:   # noqa: BLE001 - told to wait()
+            self.failed = e
+        finally:
+            self.stream.stop()
+
+    def wait(self, deadline: float) -> float:
+        """The monotonic time the last model got conditions."""
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        if self.failed:
+            raise self.failed
+        if self.at is None:
+            self.stream.stop()
+            raise TimeoutError("not every model has conditions within 600 s of the last create")
+        return self.at
+
+
+def poll_conditions(custom, ns: str, models: int, deadline: float) -> float:
+    """The first runs' observer: LIST every model every 0.5 s until all have conditions
+    (at 3,000 models each LIST is every model's whole object, encoded by the API server and
+    decoded here, twice a second: the observer's own load in the measured window)."""
+    while True:
+        items = custom.list_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels")["items"]
+        if sum(1 for m in items if (m.get("status") or {}).get("conditions")) == models:
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError("not every model has conditions within 600 s of the last create")
+        time.sleep(0.5)
 
 
 class AuditTail:
@@ -365,8 +463,14 @@ def main(argv: list[str] | None = None) -> int:
                          "(in the test extra) and keep where its time went in raw.json; "
                          "with fewer than 5 rounds a diagnosis, not a benchmark: one sample per arm, "
                          "written to profile.json")
+    ap.add_argument("--apiserver-profile", type=float, default=0.0, metavar="SECONDS",
+                    help="from the last create, take kube-apiserver's CPU profile (Go pprof) this long "
+                         "and keep where its time went (go tool pprof -top) in raw.json")
+    ap.add_argument("--observer", choices=("watch", "poll"), default="watch",
+                    help="how the run sees every model get conditions: a watch (default), or a LIST "
+                         "every 0.5 s (the runs before 2026-12-06)")
     args = ap.parse_args(argv)
-    diagnosis = bool(args.profile) and args.rounds < 5   # one sample per arm, profile.json, no summary
+    diagnosis = bool(args.profile or args.apiserver_profile) and args.rounds < 5   # one sample per arm, profile.json, no summary
     arms = args.arms.split(",")
     if "event" not in arms or not set(arms) <= set(COMMITS) or len(set(arms)) != len(arms):
         ap.error(f"--arms: of {', '.join(COMMITS)}, event among them")
@@ -383,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
             counter = iter(range(1000))
             bundle = tiny_bundle(work) if args.source == "up" else unreachable_bundle()
             rounds = {arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter),
-                                                      bundle, args.profile))
+                                                      bundle, args.profile, args.apiserver_profile,
+                                                      args.observer))
                       for arm in arms}
             if diagnosis:
                 samples = [{"round": 0, "arm": arm, **take()} for arm, take in rounds.items()]
@@ -393,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     raw = {"config": {"rounds": args.rounds, "models": args.models, "settle_seconds": args.settle,
                       "source": args.source, "profile_seconds": args.profile,
+                      "apiserver_profile_seconds": args.apiserver_profile, "observer": args.observer,
                       "poll_commit": POLL_COMMIT, "commits": {a: COMMITS[a] for a in arms},
                       "kubernetes": kubernetes_version},
            **benchkit.provenance(machine_before, benchkit.machine()), "samples": samples}
@@ -400,10 +506,12 @@ def main(argv: list[str] | None = None) -> int:
     if diagnosis:
         (args.out / "profile.json").write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
         for sample in samples:
-            for part in ("self", "inclusive"):
-                print(f"{sample['arm']}, {part}:")
-                for where, share in sample["profile"][part].items():
-                    print(f"  {share:6.1%}  {where}")
+            for what, parts in (("operator", sample.get("profile")), ("kube-apiserver", sample.get("apiserver_profile"))):
+                for part in ("self", "inclusive") if parts else ():
+                    shares = parts[part]["shares"] if what == "kube-apiserver" else parts[part]
+                    print(f"{sample['arm']}, {what}, {part}:")
+                    for where, share in shares.items():
+                        print(f"  {share:6.1%}  {where}")
         return 0
     summary = recompute(raw)
     benchkit.write(args.out, raw, summary, draw)
