@@ -29,9 +29,10 @@ Per round and arm: a fresh namespace, the operator started, ``--models`` Residen
 created at once (8 client threads); *converge* is the time from the last create until
 every model has status conditions, seen through a watch of the namespace's models
 (``--observer poll``: a LIST of every model every 0.5 s, as the runs before 2026-12-06
-saw it; at 3,000 models those LISTs were some 30 % of the API server's CPU); once the operator has written nothing for 30 s, it
-is left alone for ``--settle`` seconds and we record its CPU time (utime+stime from
-/proc), its RSS at the end, and its API requests in that window (audit log, one entry per request, long watches included);
+saw it; at 3,000 models those LISTs were some 30 % of the API server's CPU); once the
+operator has written nothing for 30 s, it is left alone for ``--settle`` seconds and we
+record its CPU time (utime+stime from /proc), its RSS at the end, and its API requests in
+that window (audit log, one entry per request, long watches included);
 *creation writes per model* are its create, update, patch and delete requests from the
 first create until the operator has written nothing for 30 s (at least 10 s after
 convergence; the first runs waited exactly 10 s), divided by the model count (all its

@@ -1,6 +1,6 @@
 """Recompute experiment 10's summaries from their raw.json and check they match: this
-folder and every folder of a later run in it (``resync-reads-companions/``,
-``cache-reads/``, ``creation-writes/``, ``3000-models/``)."""
+folder and every folder of a later run in it that holds a raw.json (a ``profile.json``
+is a diagnosis, with no summary to check)."""
 
 import sys
 from pathlib import Path
