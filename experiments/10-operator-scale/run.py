@@ -471,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="how the run sees every model get conditions: a watch (default), or a LIST "
                          "every 0.5 s (the runs before 2026-12-06)")
     args = ap.parse_args(argv)
-    diagnosis = bool(args.profile or args.apiserver_profile) and args.rounds < 5   # one sample per arm, profile.json, no summary
+    # with a profile and fewer than 5 rounds: one sample per arm, profile.json, no summary
+    diagnosis = bool(args.profile or args.apiserver_profile) and args.rounds < 5
     arms = args.arms.split(",")
     if "event" not in arms or not set(arms) <= set(COMMITS) or len(set(arms)) != len(arms):
         ap.error(f"--arms: of {', '.join(COMMITS)}, event among them")
@@ -507,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     if diagnosis:
         (args.out / "profile.json").write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
         for sample in samples:
-            for what, parts in (("operator", sample.get("profile")), ("kube-apiserver", sample.get("apiserver_profile"))):
+            for what, parts in (("operator", sample.get("profile")),
+                                ("kube-apiserver", sample.get("apiserver_profile"))):
                 for part in ("self", "inclusive") if parts else ():
                     shares = parts[part]["shares"] if what == "kube-apiserver" else parts[part]
                     print(f"{sample['arm']}, {what}, {part}:")
