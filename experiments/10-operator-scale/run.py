@@ -212,8 +212,9 @@ def where_time_goes(pid: int, seconds: float, work: Path, top: int = 25) -> dict
     """py-spy's samples of the running operator ``pid`` for ``seconds`` (100 a second, of
     threads that run, not of idle ones, without stopping it): the functions where those
     samples were (``self``) and those on their stacks (``inclusive``), each as a share of
-    all samples, the ``top`` of each. A process apart, after the measured window: the
-    sampling costs the operator a little, and the window's CPU figure stays clean of it."""
+    all samples, the ``top`` of each. A process apart, by default after the measured window
+    (the sampling costs the operator a little, and the window's CPU figure stays clean of
+    it); with ``--profile-at converge`` while the models converge, which it slows a little."""
     out = work / f"profile-{pid}.txt"
     beside = Path(sys.executable).parent / "py-spy"   # the venv's, when run as .venv/bin/python
     done = subprocess.run([str(beside) if beside.exists() else "py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
@@ -271,7 +272,8 @@ def pprof_top(profile: Path, order: str, top: int) -> dict:
 
 
 def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, bundle: dict,
-              profile: float = 0.0, server_profile: float = 0.0, observer: str = "watch") -> dict:
+              profile: float = 0.0, server_profile: float = 0.0, observer: str = "watch",
+              profile_at: str = "settled") -> dict:
     from kubernetes import client
 
     api = cp.api_client()
@@ -297,12 +299,15 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
             list(pool.map(lambda i: custom.create_namespaced_custom_object(
                 "resident.dev", "v1alpha1", ns, "residentmodels", model(f"m{i:04d}", bundle)), range(models)))
         applied = time.monotonic()
-        with ThreadPoolExecutor(1) as pool:
+        with ThreadPoolExecutor(2) as pool:
             server_profiled = pool.submit(apiserver_profile, cp, server_profile, work) if server_profile else None
+            profiled = (pool.submit(where_time_goes, proc.pid, profile, work)
+                        if profile and profile_at == "converge" else None)
             converged = watched.wait(applied + 600) if watched else poll_conditions(custom, ns, models, applied + 600)
             converge = max(0.0, converged - applied)
             cpu_converged = cpu_by_process(cp, proc)
             server_profiled = server_profiled.result() if server_profiled else None
+            profiled = profiled.result() if profiled else None
         quiet = wait_for_quiet(tail)   # the creation's writes are over before the settled window
         creation = audited_requests(cp, created, time.time())
         writes = Counter({k: n for k, n in creation.items() if k.split(" ", 1)[0] in WRITES})
@@ -312,7 +317,8 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
         rss = rss_mib(proc.pid)
         settled = audited_requests(cp, t0, t1)
         own = settled.total()
-        profiled = where_time_goes(proc.pid, profile, work) if profile else None
+        if profile and profile_at == "settled":
+            profiled = where_time_goes(proc.pid, profile, work)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -464,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(in the test extra) and keep where its time went in raw.json; "
                          "with fewer than 5 rounds a diagnosis, not a benchmark: one sample per arm, "
                          "written to profile.json")
+    ap.add_argument("--profile-at", choices=("settled", "converge"), default="settled",
+                    help="when --profile samples the operator: after the settled window (default), or "
+                         "from the last create, while the models converge")
     ap.add_argument("--apiserver-profile", type=float, default=0.0, metavar="SECONDS",
                     help="from the last create, take kube-apiserver's CPU profile (Go pprof) this long "
                          "and keep where its time went (go tool pprof -top) in raw.json")
@@ -490,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             bundle = tiny_bundle(work) if args.source == "up" else unreachable_bundle()
             rounds = {arm: (lambda arm=arm: one_round(cp, work, arm, args.models, args.settle, next(counter),
                                                       bundle, args.profile, args.apiserver_profile,
-                                                      args.observer))
+                                                      args.observer, args.profile_at))
                       for arm in arms}
             if diagnosis:
                 samples = [{"round": 0, "arm": arm, **take()} for arm, take in rounds.items()]
@@ -499,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     raw = {"config": {"rounds": args.rounds, "models": args.models, "settle_seconds": args.settle,
-                      "source": args.source, "profile_seconds": args.profile,
+                      "source": args.source, "profile_seconds": args.profile, "profile_at": args.profile_at,
                       "apiserver_profile_seconds": args.apiserver_profile, "observer": args.observer,
                       "poll_commit": POLL_COMMIT, "commits": {a: COMMITS[a] for a in arms},
                       "kubernetes": kubernetes_version},
