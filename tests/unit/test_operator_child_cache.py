@@ -47,6 +47,26 @@ def test_once_kopfs_indexes_are_whole_it_answers_everywhere():
     assert cache.children("elsewhere", "Pod", "lm", []) == []
 
 
+def test_children_are_held_without_managed_fields_and_handed_out_as_copies():
+    fields = [{"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:status": {}}}]
+    listed = pod("a", 5, managedFields=fields)
+    cache = ready(ChildCache(), listed)
+    cache.mark_ready()
+    cache.observe("Pod", "MODIFIED", pod("a", 101, managedFields=fields))
+    cache.wrote("BundleDelivery", pod("d", 102, managedFields=fields))
+    cache.refresh_events(NS, [{"metadata": {"uid": "e", "resourceVersion": "7", "managedFields": fields},
+                               "involvedObject": {"uid": "a"}, "reason": "FailedMount"}])
+    held, = cache.children(NS, "Pod", "lm", ["a"])
+    assert held["metadata"]["resourceVersion"] == "101" and "managedFields" not in held["metadata"]
+    delivery, = cache.children(NS, "BundleDelivery", "lm", ["d"])
+    assert "managedFields" not in delivery["metadata"]
+    event, = cache.mount_events(NS, "a")
+    assert "managedFields" not in event["metadata"] and event["reason"] == "FailedMount"
+    assert listed["metadata"]["managedFields"] == fields       # what was handed in is untouched
+    held["metadata"]["labels"]["resident.dev/model"] = "changed"
+    assert names(cache.children(NS, "Pod", "lm", ["a"])) == ["lm-owner-a"]   # a copy came out
+
+
 def test_only_the_models_own_children_come_back():
     cache = ready(ChildCache(), pod("a", 5), pod("b", 6, model="other"))
     assert names(cache.children(NS, "Pod", "lm", ["a"])) == ["lm-owner-a"]
