@@ -346,6 +346,11 @@ def one_round(cp, work: Path, arm: str, models: int, settle: float, index: int, 
             **({"apiserver_profile": server_profiled} if server_profiled else {})}
 
 
+def has_conditions(model: dict) -> bool:
+    """Whether a ResidentModel has status conditions: converged, for this experiment."""
+    return bool((model.get("status") or {}).get("conditions"))
+
+
 class ConditionsWatch:
     """When every one of ``models`` ResidentModels of ``ns`` has status conditions, seen
     through a watch started now (before the creates): the API server sends this observer
@@ -369,7 +374,7 @@ class ConditionsWatch:
                     raise RuntimeError(f"the watch ended: {event['object']}")
                 body = event["object"]
                 name = body["metadata"]["name"]
-                if event["type"] != "DELETED" and (body.get("status") or {}).get("conditions"):
+                if event["type"] != "DELETED" and has_conditions(body):
                     have.add(name)
                 else:
                     have.discard(name)
@@ -398,7 +403,7 @@ def poll_conditions(custom, ns: str, models: int, deadline: float) -> float:
     decoded here, twice a second: the observer's own load in the measured window)."""
     while True:
         items = custom.list_namespaced_custom_object("resident.dev", "v1alpha1", ns, "residentmodels")["items"]
-        if sum(1 for m in items if (m.get("status") or {}).get("conditions")) == models:
+        if sum(1 for m in items if has_conditions(m)) == models:
             return time.monotonic()
         if time.monotonic() > deadline:
             raise TimeoutError("not every model has conditions within 600 s of the last create")
