@@ -21,6 +21,7 @@ LAYERS = ("unit", "component", "cluster", "e2e")
 # operator and bridge in the cluster tests; not the control plane's own controllers), so
 # a test can count what a component wrote (``ControlPlane.audit_entries``); a model's
 # status writes and Events keep their bodies, so a count that grew says what was written.
+# Its GETs of models are logged too (passes start from the watch's copy).
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
@@ -35,6 +36,10 @@ rules:
   - level: Metadata
     userGroups: ["system:serviceaccounts"]
     verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+    verbs: ["get"]
+    resources: [{group: "resident.dev", resources: ["residentmodels"]}]
   - level: None
 """
 _started: dict = {}

@@ -1,4 +1,4 @@
-"""The models' owner Pods and BundleDeliveries as the watches report them, for the passes.
+"""The models, their owner Pods and BundleDeliveries as the watches report them, for the passes.
 
 kopf watches every Pod and BundleDelivery labelled with a model's UID, to wake its model.
 Their handlers also hand each event's object to a :class:`ChildCache`, and a pass reads its
@@ -42,6 +42,17 @@ them (filtered by the API server on reason and kind) and a new one wakes the Pod
 so a Pod waiting for its volume is not polled. They carry no label to index them by, so a
 namespace's Events are known once one LIST of them there was made after the watch began
 (:meth:`ChildCache.refresh_events`; the union of that LIST and the watch misses nothing).
+
+**The models themselves** are kept too, by UID, so a pass starts from its model without a
+GET (two of the ten requests per model at creation, experiments/10). The cache holds the
+newest version it has seen of each: from the model watch (``handlers.py``), and from the
+answers to this operator's own status writes and reads (``kube.py``). So the copy a pass
+gets is never older than this operator's last write of the model, which a pass must see
+(one that finds nothing to change writes nothing), and it holds every change the watch
+has delivered. A change the watch has not delivered yet wakes the model when it comes;
+the status writes that carry records are conditional on the version read, so a write
+from a copy that another writer has overtaken is refused (409) and made again from a
+fresh read. Where versions are not integers the cache serves no model and passes GET.
 
 Objects are held without ``metadata.managedFields``: no pass reads them, and they are much
 of what each copy into and out of the cache would cost.
@@ -88,6 +99,7 @@ class ChildCache:
         self._events: dict[str, dict[str, dict[str, Any]]] = {}   # Pod UID -> Event UID -> Event
         self._events_ready: set[str] = set()                        # namespaces
         self._own: OrderedDict[str, str | None] = OrderedDict()      # uid -> version this operator wrote
+        self._models: dict[str, dict[str, Any]] = {}                  # model UID -> newest version seen
 
     def mark_ready(self) -> None:
         """kopf's indexes hold their first listing: the cache answers everywhere."""
@@ -104,6 +116,22 @@ class ChildCache:
                 self._forget(obj, gone=True)
             else:
                 self._put(kind, obj)
+
+    def observe_model(self, event_type: str | None, obj: dict[str, Any]) -> None:
+        """A ResidentModel as the model watch delivered it (``event_type`` ADDED, MODIFIED,
+        DELETED, or None while kopf lists), or as the API server answered this operator's
+        read or status write of it (None)."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        with self._lock:
+            if event_type == "DELETED":
+                self._models.pop(uid, None)
+                self._remember_gone(uid)
+            elif uid not in self._gone:
+                held = self._models.get(uid)
+                if held is None or _replaces(obj, held):
+                    self._models[uid] = _kept(obj)
 
     def wrote(self, kind: str, obj: dict[str, Any], own: bool = True) -> None:
         """The object as the API server answered this operator's create or patch (``own``),
@@ -192,6 +220,13 @@ class ChildCache:
                 return None
             return [copy.deepcopy(e) for e in self._events.get(pod_uid, {}).values()]
 
+    def model(self, uid: str) -> dict[str, Any] | None:
+        """A copy of the newest version seen of the model ``uid``; None if none was seen,
+        it was seen deleted, or its version is not an integer (see the module docstring)."""
+        with self._lock:
+            held = self._models.get(uid)
+            return copy.deepcopy(held) if held is not None and _version(held) is not None else None
+
     def model_uid_of(self, uid: str) -> str | None:
         """The model UID label of the cached Pod or BundleDelivery ``uid``."""
         with self._lock:
@@ -253,10 +288,13 @@ class ChildCache:
         if where is not None:
             self._remove(uid, where)
         if gone:
-            self._gone[uid] = None
+            self._remember_gone(uid)
             self._events.pop(uid, None)   # a Pod's Events go with it
-            while len(self._gone) > GONE_REMEMBERED:
-                self._gone.popitem(last=False)
+
+    def _remember_gone(self, uid: str) -> None:
+        self._gone[uid] = None
+        while len(self._gone) > GONE_REMEMBERED:
+            self._gone.popitem(last=False)
 
     def _remove(self, uid: str, where: tuple[str, str, str]) -> None:
         namespace, kind, model = where

@@ -70,6 +70,8 @@ class ModelHandle:
         """Ask for a pass (call on the operator's event loop: asyncio.Event is not thread-safe).
         A cause in :data:`FORGETS` also makes the next pass read again what it names."""
         metrics.WAKES.labels(cause=cause).inc()
+        if cause in FRESH_READS:
+            self.known["read_model"] = True
         if cause in FORGETS:
             self.known["epoch"] = self.known.get("epoch", 0) + 1
             for key in FORGETS[cause]:
@@ -86,6 +88,10 @@ class ModelHandle:
 # its Pods again but trusts the watch and the sweep for the rest.
 FORGETS = {"secret": ("token",), "model": ("endpoint",), "service": ("endpoint",),
            "budget": ("endpoint",), "control-policy": ("endpoint",), "sweep": ("token", "endpoint")}
+# The causes after which a pass reads its model from the API server, not the watch's copy
+# (passes.py): the safety resync, in case the watch missed the model's own event. (The
+# sweep's close look reads the model afresh itself, and its copy goes into the cache.)
+FRESH_READS = {"resync"}
 
 
 class ResyncTurns:

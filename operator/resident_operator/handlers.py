@@ -193,9 +193,11 @@ def _handle(rt: Runtime, namespace: str, name: str, uid: str) -> ModelHandle:
 
 @kopf.on.event(*MODEL)
 async def model_changed(memo: kopf.Memo, namespace: str, name: str, uid: str, meta: Any,
-                        status: Any, type: str | None, **_: Any) -> None:
+                        status: Any, type: str | None, event: Any, **_: Any) -> None:
     """The spec changed (a new generation) or deletion began; our own status writes do
-    not wake the model, but what they record is kept for the sweep."""
+    not wake the model, but what they record is kept for the sweep. Every version goes
+    into the cache the passes start from."""
+    memo.runtime.kube.cache.observe_model(type, event["object"])
     if type == "DELETED":
         memo.runtime.handles.pop(uid, None)
         return
@@ -284,6 +286,7 @@ async def drive_model(stopped: kopf.DaemonStopped, memo: kopf.Memo, namespace: s
         rt.sweeper = asyncio.create_task(_sweep_forever(rt), name="orphan sweep")
     rt.kube.cache.mark_ready()   # a daemon starts only once kopf's indexes are whole
     await _finalizer_added(body, stopped)
+    rt.kube.cache.observe_model(None, dict(body))   # the finalizer's version, if its event is not in yet
     handle = _handle(rt, namespace, name, uid)
     one_pass = functools.partial(run_pass, rt.kube, rt.settings, namespace, name, uid, handle.lock,
                                  handle.known, rt.sources, rt.owner_calls)

@@ -7,9 +7,10 @@ object (the caller decides whether it may adopt it); deletion tolerates 404 and 
 carries a UID precondition, and reports a 409 (the name now belongs to another object) as
 "not ours" instead of deleting it.
 
-With a :class:`~.child_cache.ChildCache` (the operator has one), every write's answer goes
-into it, and :meth:`Kube.children` reads a model's owner Pods and BundleDeliveries from it
-when it can say, else from the API server.
+With a :class:`~.child_cache.ChildCache` (the operator has one), every write's answer (and
+every read of a model) goes into it, and :meth:`Kube.model` and :meth:`Kube.children` read
+a model, its owner Pods and BundleDeliveries from it when it can say, else from the API
+server.
 """
 
 from __future__ import annotations
@@ -208,15 +209,30 @@ class Kube:
                 return False
             raise
 
+    def model(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        """The model ``uid`` named ``name``: the cache's copy when it has one (never older
+        than this operator's last write of it, ``child_cache.py``), else a GET (which may
+        find the name taken by another model: the caller compares UIDs)."""
+        held = self.cache.model(uid) if self.cache is not None else None
+        metrics.MODEL_READS.labels(source="api" if held is None else "cache").inc()
+        return held if held is not None else self.get_model(namespace, name)
+
     def get_model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The model named ``name`` as the API server has it now (None: there is none)."""
         try:
-            return self._json(self.custom.get_namespaced_custom_object(
+            body = self._json(self.custom.get_namespaced_custom_object(
                 naming.GROUP, naming.VERSION, namespace, naming.MODEL_PLURAL, name,
                 _preload_content=False))
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
+        return self._read_model(body)
+
+    def _read_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.cache is not None:
+            self.cache.observe_model(None, body)
+        return body
 
     def patch_model_status(self, namespace: str, name: str, status: dict[str, Any],
                            resource_version: str | None = None) -> dict[str, Any]:
@@ -228,9 +244,9 @@ class Kube:
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
-            return self._json(self.custom.patch_namespaced_custom_object_status(
+            return self._read_model(self._json(self.custom.patch_namespaced_custom_object_status(
                 naming.GROUP, naming.VERSION, namespace, naming.MODEL_PLURAL, name, body,
-                _preload_content=False, _content_type="application/merge-patch+json"))
+                _preload_content=False, _content_type="application/merge-patch+json")))
         except ApiException as e:
             if e.status == 409 and resource_version is not None:
                 raise StatusConflict(f"ResidentModel {namespace}/{name} changed since "

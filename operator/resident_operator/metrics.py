@@ -22,6 +22,8 @@
 - ``resident_operator_child_reads_total{kind,source}``: a pass's reads of a model's owner
   Pods or BundleDeliveries, from the watch ``cache`` or the ``api`` server
   (``child_cache.py`` says when it must be the API server).
+- ``resident_operator_model_reads_total{source}``: a pass's reads of its model, from the
+  watch ``cache`` or the ``api`` server (the first read, a resync's, or the cache lacks it).
 - ``resident_operator_status_conflicts_total``: conditional status writes that met a newer
   model (409) and were rebased onto it (``model_state.py``).
 """
@@ -59,6 +61,9 @@ CHILD_READS = Counter("resident_operator_child_reads_total",
                       "A pass's reads of a model's owner Pods or BundleDeliveries, by kind and "
                       "source: the watch cache, or a LIST from the API server (child_cache.py).",
                       ["kind", "source"], registry=REGISTRY)
+MODEL_READS = Counter("resident_operator_model_reads_total",
+                      "A pass's reads of its model, by source: the watch cache, or a GET from "
+                      "the API server (child_cache.py).", ["source"], registry=REGISTRY)
 STATUS_CONFLICTS = Counter("resident_operator_status_conflicts_total",
                            "Conditional status writes that met a newer model (409) and were "
                            "rebased onto it.", registry=REGISTRY)

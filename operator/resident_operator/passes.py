@@ -1,7 +1,9 @@
 """One pass of one model, as the driver's thread pool runs it.
 
-A pass reads the model fresh (one GET, so it always sees its own earlier status writes),
-runs :func:`~.reconcile.reconcile` under the model's lock and turns what happened into a
+A pass starts from the operator's cached copy of the model, which is never older than its
+own last status write (``child_cache.py``), and reads it from the API server only when the
+cache has none or the safety resync woke it (a net under the watch, which reads afresh);
+it runs :func:`~.reconcile.reconcile` under the model's lock and turns what happened into a
 :class:`~.context.FollowUp`: a ``kopf.TemporaryError`` or an unexpected exception asks for
 a retry after its delay (an unexpected one also shows on the model as ``Degraded``
 ``ReconcileFailed``), an invalid spec waits for the next spec change. Nothing here
@@ -31,10 +33,12 @@ from .source_probes import SourceProbes
 log = logging.getLogger("resident.operator")
 
 
-def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: str
-                  ) -> ModelContext | None:
-    """The model as the API server has it now, with Events posted on it; None if gone."""
-    body = kube.get_model(namespace, name)
+def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: str,
+                  uid: str | None = None) -> ModelContext | None:
+    """The model with Events posted on it; None if gone. With ``uid``, the cache's copy of
+    that model serves when there is one (:meth:`~.kube.Kube.model`); else it is read as the
+    API server has it now."""
+    body = kube.get_model(namespace, name) if uid is None else kube.model(namespace, name, uid)
     if body is None:
         return None
     body.setdefault("apiVersion", naming.API_VERSION)
@@ -61,8 +65,9 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
     t0 = time.perf_counter()
     with lock:
         epoch = known.get("epoch")   # before the model is read: a spec change after it is seen
+        afresh = known.pop("read_model", False)   # the safety resync asked (driver.FRESH_READS)
         try:
-            ctx = model_context(kube, settings, namespace, name)
+            ctx = model_context(kube, settings, namespace, name, None if afresh else uid)
         except Exception as e:  # noqa: BLE001 - the API server may be restarting
             log.warning("cannot read the model", extra={"model": f"{namespace}/{name}",
                                                         "error": f"{type(e).__name__}: {e}"})

@@ -227,3 +227,59 @@ def test_a_pod_waiting_for_its_volume_is_not_polled_once_its_namespaces_events_a
     bare = EventListing(None, [failed_mount("e1", "p1", 5)])                   # no cache: asked each time
     assert bare.failed_mounts(NS, "p1")[1] is False
     assert bare.selectors == ["involvedObject.uid=p1,reason=FailedMount"]
+
+
+def model(uid: str, version: int | str, **status) -> dict:
+    return {"apiVersion": "resident.dev/v1alpha1", "kind": "ResidentModel",
+            "metadata": {"uid": uid, "name": "lm", "namespace": NS, "resourceVersion": str(version),
+                         "managedFields": [{"manager": "resident-operator"}]},
+            "spec": {"replicas": 1}, "status": status}
+
+
+def test_a_model_is_served_at_the_newest_version_the_watch_or_this_operators_writes_gave():
+    cache = ChildCache()
+    assert cache.model("m") is None                                  # never seen: the pass GETs
+    cache.observe_model("ADDED", model("m", 10))
+    cache.observe_model(None, model("m", 12, phase="Loading"))        # the answer to its status write
+    cache.observe_model("MODIFIED", model("m", 11))                   # the watch catching up: older
+    held = cache.model("m")
+    assert held["metadata"]["resourceVersion"] == "12" and held["status"] == {"phase": "Loading"}
+    assert "managedFields" not in held["metadata"]
+    held["status"]["phase"] = "changed by a pass"
+    assert cache.model("m")["status"] == {"phase": "Loading"}         # a copy
+    cache.observe_model("MODIFIED", model("m", 12, phase="Loading"))  # its own write's event
+    cache.observe_model("MODIFIED", model("m", 13, phase="Ready"))    # someone else's, later
+    assert cache.model("m")["status"] == {"phase": "Ready"}
+
+
+def test_a_deleted_model_is_not_brought_back_and_unordered_versions_are_not_served():
+    cache = ChildCache()
+    cache.observe_model("ADDED", model("m", 10))
+    cache.observe_model("DELETED", model("m", 11))
+    cache.observe_model(None, model("m", 11))     # a late answer to a write
+    assert cache.model("m") is None
+    cache.observe_model("ADDED", model("n", "not-a-number"))
+    assert cache.model("n") is None
+
+
+class ModelReading(Kube):
+    """A Kube whose model GET is counted (no API server: the cache is what is tested)."""
+
+    def __init__(self, cache: ChildCache, stored: dict) -> None:
+        self.cache, self.stored, self.gets = cache, stored, 0
+
+    def get_model(self, namespace, name):
+        self.gets += 1
+        return self._read_model(dict(self.stored))
+
+
+def model_reads(source: str) -> float:
+    return metrics.REGISTRY.get_sample_value("resident_operator_model_reads_total", {"source": source}) or 0.0
+
+
+def test_kube_gets_a_model_only_when_the_cache_has_none_and_keeps_what_it_read():
+    kube = ModelReading(ChildCache(), model("m", 20, phase="Ready"))
+    api, cached = model_reads("api"), model_reads("cache")
+    assert kube.model(NS, "lm", "m")["metadata"]["resourceVersion"] == "20" and kube.gets == 1
+    assert kube.model(NS, "lm", "m")["status"] == {"phase": "Ready"} and kube.gets == 1
+    assert (model_reads("api") - api, model_reads("cache") - cached) == (1, 1)

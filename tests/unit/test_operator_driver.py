@@ -138,8 +138,9 @@ def test_a_change_of_the_token_secret_or_a_companion_makes_the_next_pass_read_it
             handle.poke(cause)
             assert "endpoint" not in handle.known and handle.known["token"] == "t"
             handle.known["endpoint"] = "http://m.ns.svc:8000"
-        handle.poke("resync")                            # the safety resync trusts the watch
+        handle.poke("resync")    # the safety resync trusts the watch for all but the model
         assert handle.known["token"] == "t" and handle.known["endpoint"] == "http://m.ns.svc:8000"
+        assert handle.known.pop("read_model") is True
         handle.poke("sweep")                             # a difference the sweep found: read all
         assert "endpoint" not in handle.known and "token" not in handle.known
 
@@ -248,3 +249,23 @@ def test_a_model_on_a_source_probe_has_no_resync_until_the_probe_wakes_it():
         assert len(passes) >= 3
 
     asyncio.run(scenario())
+
+
+def test_a_pass_starts_from_the_cached_model_unless_the_safety_resync_woke_it(monkeypatch):
+    from resident_operator import passes
+    asked = []
+    model = type("Ctx", (), {"uid": "uid", "token": "", "endpoint": None, "follow_up": FollowUp()})()
+
+    def model_context(kube, settings, namespace, name, uid=None):
+        asked.append(uid)
+        return model
+    monkeypatch.setattr(passes, "model_context", model_context)
+    monkeypatch.setattr(passes, "_reconcile", lambda ctx: None)
+    handle = ModelHandle("ns", "m", "uid")
+
+    async def passes_after(cause):
+        handle.poke(cause)
+        passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), handle.known)
+    for cause in ("model", "resync", "pod", "sweep"):
+        asyncio.run(passes_after(cause))
+    assert asked == ["uid", None, "uid", "uid"]    # None: read from the API server
