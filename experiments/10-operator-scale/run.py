@@ -18,6 +18,9 @@ user so the API server's audit log attributes every request to it. Arms:
 - ``budget``: the event-driven operator as of commit ``BUDGET_COMMIT``, the last one that
   gave every model a PodDisruptionBudget (since, only a model with more owners than
   ``maxUnavailable`` gets one), unpacked the same way;
+- ``get``: the event-driven operator as of commit ``GET_COMMIT``, the last one whose
+  passes GET their model (since, they start from the model watch's copy), unpacked the
+  same way;
 - ``event``: the operator of this checkout (one driver per model woken by watch events,
   passes that read Pods and deliveries from the watch cache, a slow safety resync, one
   cluster-wide sweep), with the per-model NetworkPolicy on as the chart deploys it
@@ -80,8 +83,9 @@ RETRY_COMMIT = "8419040"         # the last event-driven operator whose models r
 LIST_COMMIT = "5844fec"          # the last event-driven operator whose passes LIST children
 WRITES_COMMIT = "bfd3e59"        # the operator creation-writes/ measured
 BUDGET_COMMIT = "2161d4b"        # the last operator that gave every model a disruption budget
+GET_COMMIT = "bc8e00b"           # the last operator whose passes GET their model
 COMMITS = {"poll": POLL_COMMIT, "retry": RETRY_COMMIT, "list": LIST_COMMIT, "writes": WRITES_COMMIT,
-           "budget": BUDGET_COMMIT, "event": None}   # None: this checkout
+           "budget": BUDGET_COMMIT, "get": GET_COMMIT, "event": None}   # None: this checkout
 USER = "resident-operator"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 QUIET_SECONDS = 30.0     # no write of the operator's this long: the creation is over
