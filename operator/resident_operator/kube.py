@@ -209,11 +209,12 @@ class Kube:
                 return False
             raise
 
-    def model(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
-        """The model ``uid`` named ``name``: the cache's copy when it has one (never older
-        than this operator's last write of it, ``child_cache.py``), else a GET (which may
-        find the name taken by another model: the caller compares UIDs)."""
-        held = self.cache.model(uid) if self.cache is not None else None
+    def model(self, namespace: str, name: str, uid: str, fresh: bool = False) -> dict[str, Any] | None:
+        """The model ``uid`` named ``name``, for a pass: the cache's copy when it has one
+        (never older than this operator's last write of it, ``child_cache.py``) unless
+        ``fresh``, else a GET (which may find the name taken by another model: the caller
+        compares UIDs)."""
+        held = self.cache.model(uid) if self.cache is not None and not fresh else None
         metrics.MODEL_READS.labels(source="api" if held is None else "cache").inc()
         return held if held is not None else self.get_model(namespace, name)
 

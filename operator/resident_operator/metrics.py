@@ -23,7 +23,7 @@
   Pods or BundleDeliveries, from the watch ``cache`` or the ``api`` server
   (``child_cache.py`` says when it must be the API server).
 - ``resident_operator_model_reads_total{source}``: a pass's reads of its model, from the
-  watch ``cache`` or the ``api`` server (the first read, a resync's, or the cache lacks it).
+  watch ``cache`` or the ``api`` server (a safety resync's, or the cache has none).
 - ``resident_operator_status_conflicts_total``: conditional status writes that met a newer
   model (409) and were rebased onto it (``model_state.py``).
 """

@@ -34,11 +34,11 @@ log = logging.getLogger("resident.operator")
 
 
 def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: str,
-                  uid: str | None = None) -> ModelContext | None:
-    """The model with Events posted on it; None if gone. With ``uid``, the cache's copy of
-    that model serves when there is one (:meth:`~.kube.Kube.model`); else it is read as the
-    API server has it now."""
-    body = kube.get_model(namespace, name) if uid is None else kube.model(namespace, name, uid)
+                  uid: str | None = None, fresh: bool = True) -> ModelContext | None:
+    """The model with Events posted on it; None if gone. As the API server has it now
+    (``fresh``), or for a pass of the model ``uid``, the cache's copy when there is one
+    (:meth:`~.kube.Kube.model`)."""
+    body = kube.get_model(namespace, name) if uid is None else kube.model(namespace, name, uid, fresh)
     if body is None:
         return None
     body.setdefault("apiVersion", naming.API_VERSION)
@@ -67,7 +67,7 @@ def run_pass(kube: Kube, settings: OperatorSettings, namespace: str, name: str, 
         epoch = known.get("epoch")   # before the model is read: a spec change after it is seen
         afresh = known.pop("read_model", False)   # the safety resync asked (driver.FRESH_READS)
         try:
-            ctx = model_context(kube, settings, namespace, name, None if afresh else uid)
+            ctx = model_context(kube, settings, namespace, name, uid, fresh=afresh)
         except Exception as e:  # noqa: BLE001 - the API server may be restarting
             log.warning("cannot read the model", extra={"model": f"{namespace}/{name}",
                                                         "error": f"{type(e).__name__}: {e}"})

@@ -282,4 +282,7 @@ def test_kube_gets_a_model_only_when_the_cache_has_none_and_keeps_what_it_read()
     api, cached = model_reads("api"), model_reads("cache")
     assert kube.model(NS, "lm", "m")["metadata"]["resourceVersion"] == "20" and kube.gets == 1
     assert kube.model(NS, "lm", "m")["status"] == {"phase": "Ready"} and kube.gets == 1
-    assert (model_reads("api") - api, model_reads("cache") - cached) == (1, 1)
+    kube.stored = model("m", 21, phase="Ready")                  # a change whose event was missed
+    assert kube.model(NS, "lm", "m", fresh=True)["metadata"]["resourceVersion"] == "21"   # a resync's
+    assert kube.model(NS, "lm", "m")["metadata"]["resourceVersion"] == "21" and kube.gets == 2
+    assert (model_reads("api") - api, model_reads("cache") - cached) == (2, 2)

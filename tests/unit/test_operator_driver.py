@@ -149,7 +149,7 @@ def test_a_change_of_the_token_secret_or_a_companion_makes_the_next_pass_read_it
     # a pass that ran across a Secret change does not store the token it started with
     known = {"token": "old"}
     model = type("Ctx", (), {"uid": "uid", "token": "", "endpoint": None, "follow_up": FollowUp()})()
-    monkeypatch.setattr(passes, "model_context", lambda *a: model)
+    monkeypatch.setattr(passes, "model_context", lambda *a, **kw: model)
     monkeypatch.setattr(passes, "_reconcile", lambda ctx: (known.update(epoch=1), known.pop("token")))
     passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), known)
     assert model.token == "old" and "token" not in known     # used, but not stored again
@@ -162,7 +162,7 @@ def test_a_change_of_the_token_secret_or_a_companion_makes_the_next_pass_read_it
     # old spec, so it must not store them as checked (the next pass checks them again)
     known = {"endpoint": "http://m.ns.svc:8000", "epoch": 3}
 
-    def read_model_then_spec_changes(*a):
+    def read_model_then_spec_changes(*a, **kw):
         known.update(epoch=4)
         known.pop("endpoint")
         return model
@@ -256,8 +256,8 @@ def test_a_pass_starts_from_the_cached_model_unless_the_safety_resync_woke_it(mo
     asked = []
     model = type("Ctx", (), {"uid": "uid", "token": "", "endpoint": None, "follow_up": FollowUp()})()
 
-    def model_context(kube, settings, namespace, name, uid=None):
-        asked.append(uid)
+    def model_context(kube, settings, namespace, name, uid=None, fresh=True):
+        asked.append(fresh)
         return model
     monkeypatch.setattr(passes, "model_context", model_context)
     monkeypatch.setattr(passes, "_reconcile", lambda ctx: None)
@@ -268,4 +268,4 @@ def test_a_pass_starts_from_the_cached_model_unless_the_safety_resync_woke_it(mo
         passes.run_pass(None, None, "ns", "m", "uid", threading.Lock(), handle.known)
     for cause in ("model", "resync", "pod", "sweep"):
         asyncio.run(passes_after(cause))
-    assert asked == ["uid", None, "uid", "uid"]    # None: read from the API server
+    assert asked == [False, True, False, False]    # True: read from the API server
