@@ -27,7 +27,10 @@ def ensure_companion(ctx: ModelContext, state: ModelState, wanted: dict[str, Any
     """The model's ``wanted`` companion as it now exists, or None while its name is taken."""
     kind, name = wanted["kind"], wanted["metadata"]["name"]
     # Never recorded (a new model): created straight away, a 409 answers with what holds
-    # the name. Recorded: read, to see that it is still there and in line with the spec.
+    # the name. Recorded: read, to see that it is still there and in line with the spec;
+    # from the API server, not a cache, as a pass gets here only after an event about a
+    # companion or the spec, or a sweep that found a difference (driver.FORGETS), and
+    # the operator keeps no copy of every model's companions for a read this rare.
     obj = ctx.kube.get(ctx.namespace, kind, name) if ch.of_kind(state.children, kind) else None
     if obj is None:
         obj = create_child(ctx, state, wanted, announce=(f"{kind}Created", f"{kind} {name}"))

@@ -64,6 +64,10 @@ def ensure_token(ctx: ModelContext, state: ModelState) -> str:
     this model's); a recorded one is read."""
     name = naming.token_secret_name(ctx.name)
     if ch.of_kind(state.children, "Secret"):
+        # From the API server, not a cache: a pass gets here only when the token is not
+        # known from an earlier pass (the first pass after a start, an event about the
+        # Secret, a sweep that found a difference: driver.FORGETS), and the operator keeps
+        # no copy of every model's Secret for a read this rare.
         secret = ctx.kube.get(ctx.namespace, "Secret", name)
         if secret is not None and ch.is_recorded(state.children, secret):
             return base64.b64decode(secret["data"][naming.TOKEN_KEY]).decode()
