@@ -34,10 +34,10 @@ log = logging.getLogger("resident.operator")
 
 
 def model_context(kube: Kube, settings: OperatorSettings, namespace: str, name: str,
-                  uid: str | None = None, fresh: bool = True) -> ModelContext | None:
-    """The model with Events posted on it; None if gone. As the API server has it now
-    (``fresh``), or for a pass of the model ``uid``, the cache's copy when there is one
-    (:meth:`~.kube.Kube.model`)."""
+                  uid: str | None = None, fresh: bool = False) -> ModelContext | None:
+    """The model with Events posted on it; None if gone. For a pass of the model ``uid``,
+    the cache's copy when there is one, unless ``fresh`` (:meth:`~.kube.Kube.model`);
+    without ``uid``, as the API server has it now."""
     body = kube.get_model(namespace, name) if uid is None else kube.model(namespace, name, uid, fresh)
     if body is None:
         return None

@@ -256,7 +256,7 @@ def test_a_pass_starts_from_the_cached_model_unless_the_safety_resync_woke_it(mo
     asked = []
     model = type("Ctx", (), {"uid": "uid", "token": "", "endpoint": None, "follow_up": FollowUp()})()
 
-    def model_context(kube, settings, namespace, name, uid=None, fresh=True):
+    def model_context(kube, settings, namespace, name, uid=None, fresh=False):
         asked.append(fresh)
         return model
     monkeypatch.setattr(passes, "model_context", model_context)
