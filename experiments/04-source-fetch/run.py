@@ -19,7 +19,9 @@ An hf sample therefore starts a fresh process state (``MADE`` cleared), times th
 (``make_seconds``) and then, separately, the chunk fetch with the manifest made
 (``seconds``, the figure compared with the other arms); it also counts what olah answered
 to the Range requests (olah answers 200 with the file from byte 0: ``wire_bytes_at_least``).
-Rounds alternate the arm order (benchkit).
+Rounds alternate the arm order (benchkit). Each read also records this process's CPU
+time (``cpu_seconds``, ``runs_cpu_seconds``: the reader's own work, not the server's, which
+runs in its own process on the same two cores).
 
 After the rounds, once (bytes are deterministic): commit B of the hf repository replaces one
 tensor of ``model.safetensors``; a store holding commit A (delivered from the hf source)
@@ -137,16 +139,17 @@ def fetch_files(src, digest: str) -> int:
 def fetch_all(uri: str, digest: str, credentials=None) -> dict:
     """Both reads of the bundle, each from a freshly opened source: chunk by chunk (the
     per-arm figure since the first run), then file by file (``runs_seconds``)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with open_source(uri, credentials=credentials) as src:
         n = fetch_chunks(src, digest)
-    seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
     with open_source(uri, credentials=credentials) as src:
         runs_bytes = fetch_files(src, digest)
-    runs_seconds = time.perf_counter() - t0
+    runs_seconds, runs_cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"seconds": seconds, "bytes": n, "mib_per_second": n / seconds / 2**20,
-            "runs_seconds": runs_seconds, "runs_bytes": runs_bytes}
+            "cpu_seconds": cpu, "runs_seconds": runs_seconds, "runs_bytes": runs_bytes,
+            "runs_cpu_seconds": runs_cpu}
 
 
 class RangeAnswers:
@@ -182,17 +185,18 @@ def fetch_hf(uri: str, digest: str) -> dict:
     with open_source(uri) as src:
         src.session.hooks["response"].append(answers)
         src.fetch_manifest(digest)     # lists the commit, reads and hashes every file whole
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         made = answers.tally()
         n = fetch_chunks(src, digest)  # fetch_manifest is now the made one: no request
         fetched = answers.tally(since=made["requests"])
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         runs_bytes = fetch_files(src, digest)   # the manifest still made: the runs alone
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         runs = answers.tally(since=made["requests"] + fetched["requests"])
     return {"seconds": t2 - t1, "bytes": n, "mib_per_second": n / (t2 - t1) / 2**20,
             "make_seconds": t1 - t0, "make_requests": made, "fetch_requests": fetched,
-            "runs_seconds": t3 - t2, "runs_bytes": runs_bytes, "runs_requests": runs}
+            "cpu_seconds": c2 - c1, "runs_seconds": t3 - t2, "runs_bytes": runs_bytes,
+            "runs_cpu_seconds": c3 - c2, "runs_requests": runs}
 
 
 def hf_fetched() -> float:
@@ -333,6 +337,11 @@ def recompute(raw: dict) -> dict:
         summary["runs_arms"] = runs["arms"]
         summary["ratios"].update(runs["ratios"])
         targets.update(RUN_TARGETS)
+    for metric in ("cpu_seconds", "runs_cpu_seconds"):   # the reader's own CPU (runs since 2026-12-06)
+        if all(metric in s for s in samples):
+            cpu = benchkit.summarize(samples, metric, RATIOS)
+            summary[f"{metric.removesuffix('seconds')}arms"] = cpu["arms"]
+            summary[f"{metric.removesuffix('_seconds')}_ratios"] = cpu["ratios"]
     summary["targets"] = {name: {"target": want, "ratio": summary["ratios"][name],
                                  "met": summary["ratios"][name] is not None and summary["ratios"][name] <= want}
                           for name, want in targets.items()}
