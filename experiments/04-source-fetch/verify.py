@@ -1,7 +1,8 @@
 """Recompute summary.json from raw.json (benchkit.verify) and check the samples are whole:
 every arm fetched the same bytes, chunk by chunk and file by file; in a run with the hf
 arm, every hf sample timed the manifest's making apart, and the one-tensor delivery's byte
-count agrees with the source's fetched-bytes metric. Prints the targets, met or missed.
+count agrees with the source's fetched-bytes metric. Prints the targets, met or missed,
+and, where the run recorded it, the reader's own CPU as a ratio to the local directory's.
 
 ``python verify.py [FOLDER]``: by default this folder."""
 
@@ -38,3 +39,7 @@ for name, t in summary.get("targets", {}).items():
     else:
         print(f"  {name:<20} {t['bytes']:>10} B (target <= {t['target_bytes']} B: "
               f"{'met' if t['met'] else 'missed'})")
+for name in ("s3_over_file", "http_over_file"):   # the reader's own CPU, in runs that record it
+    cpu = summary.get("runs_cpu_ratios", {}).get(name)
+    if cpu is not None:
+        print(f"  {name + ' (reader CPU, file by file)':<44} {cpu:.2f}x")
