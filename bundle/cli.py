@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .chunking import CHUNKINGS
 from .errors import BundleError, IntegrityMismatch, PlanError, SourceUnavailable, StoreFull
 from .manifest import DEFAULT_CHUNK_SIZE, MANIFEST_NAME, Manifest, ManifestError
 from .scan import build_manifest, parse_rules, read_manifest, write_manifest
@@ -73,7 +74,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise UsageError(f"{root}: not a directory")
     rules = parse_rules(args.role)
     with progress_bar(args, _dir_bytes(root), f"hashing {root.name}") as cb:
-        m = build_manifest(root, rules=rules, chunk_size=args.chunk_size, progress=cb)
+        m = build_manifest(root, rules=rules, chunk_size=args.chunk_size, progress=cb,
+                           chunking=args.chunking)
     path = write_manifest(root, m)
     print(json.dumps({"manifest": str(path), **m.identity(), "files": len(m.files),
                       "bytes": m.total_bytes}, indent=2) if args.json else
@@ -105,7 +107,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with progress_bar(args, m.total_bytes, f"verifying {root.name}") as cb:
         try:
             actual = build_manifest(root, rules=[(f.path, f.role) for f in m.files],
-                                    chunk_size=m.chunk_size, progress=cb)
+                                    chunk_size=m.chunk_size, progress=cb,
+                                    chunking="tensors" if any(f.offsets for f in m.files) else "fixed")
         except ManifestError as e:
             print(f"{PROG}: {root}: {e}", file=sys.stderr)
             return 1
@@ -283,6 +286,10 @@ def parser() -> argparse.ArgumentParser:
                     help="role rule before the defaults (graph|weights|config|tokenizer)")
     sp.add_argument("--chunk-size", type=parse_size, default=DEFAULT_CHUNK_SIZE,
                     help="chunk size for large files (default 4MiB, a multiple of 4096)")
+    sp.add_argument("--chunking", choices=CHUNKINGS, default="fixed",
+                    help="fixed: chunks are slices of the chunk size (default); tensors: a "
+                         "safetensors file is cut at its tensors, so that a changed tensor moves "
+                         "alone (another digest for the same files; docs/bundle.md)")
     sp.add_argument("--json", action="store_true", help="print the identity as JSON")
 
     sp = add("inspect", cmd_inspect, "show a bundle's identity and files")

@@ -2,9 +2,12 @@
 
 A bundle is a directory of files plus this manifest. Each file entry carries its
 relative path, size, sha256, role (graph, weights, config, tokenizer) and, for files
-larger than one chunk, the sha256 of each fixed-size chunk. The manifest is serialized
-canonically (sorted keys, no whitespace, files sorted by path), and the sha256 of that
-serialization is the bundle digest: the model's identity.
+larger than one chunk, the sha256 of each chunk. Chunks are fixed-size slices of the
+file, or, where the entry lists ``offsets`` (where each chunk starts), pieces of at most
+the chunk size cut at a safetensors file's tensors (:mod:`bundle.chunking`). The manifest
+is serialized canonically (sorted keys, no whitespace, files sorted by path; ``offsets``
+only where there are some), and the sha256 of that serialization is the bundle digest:
+the model's identity.
 
 Parsing is strict because a manifest names paths that will be written on a node: absolute
 paths, ``..``, empty or duplicate paths, and malformed sizes or digests are rejected with
@@ -13,6 +16,7 @@ a :class:`ManifestError` that says which entry is wrong and why.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
@@ -68,11 +72,21 @@ class FileEntry(BaseModel):
     sha256: Hex
     role: Role
     chunks: tuple[Hex, ...] = ()
+    offsets: tuple[int, ...] = ()   # where each chunk starts; () for fixed-size slices
 
     @field_validator("path")
     @classmethod
     def _safe_path(cls, v: str) -> str:
         return check_relative_path(v)
+
+    @model_validator(mode="after")
+    def _offsets_cut_the_file(self) -> "FileEntry":
+        o = self.offsets
+        if o and (len(o) != len(self.chunks) or o[0] != 0 or o[-1] >= self.size
+                  or any(b <= a for a, b in zip(o, o[1:]))):
+            raise ValueError(f"{self.path!r}: offsets must start at 0, rise, stay below the size "
+                             f"{self.size} and name one start per chunk ({len(self.chunks)})")
+        return self
 
 
 class Manifest(BaseModel):
@@ -102,6 +116,12 @@ class Manifest(BaseModel):
             while parent:
                 dirs.add(parent)
                 parent = posixpath.dirname(parent)
+            if f.offsets:
+                longest = max(b - a for a, b in zip(f.offsets, (*f.offsets[1:], f.size)))
+                if f.size <= self.chunk_size or longest > self.chunk_size:
+                    raise ValueError(f"{f.path!r}: chunks cut at offsets must be at most "
+                                     f"{self.chunk_size} bytes, in a file larger than that")
+                continue
             want = n_chunks(f.size, self.chunk_size)
             if len(f.chunks) != want:
                 raise ValueError(
@@ -118,6 +138,9 @@ class Manifest(BaseModel):
     @functools.cached_property
     def _canonical(self) -> bytes:  # computed once: the model is frozen
         doc = self.model_dump(mode="json", by_alias=True)
+        for f in doc["files"]:   # fixed slices serialize as before offsets existed
+            if not f["offsets"]:
+                del f["offsets"]
         doc["files"] = sorted(doc["files"], key=lambda f: f["path"])
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
@@ -171,8 +194,29 @@ def n_chunks(size: int, chunk_size: int) -> int:
 
 def chunk_range(entry: FileEntry, index: int, chunk_size: int) -> tuple[int, int]:
     """(offset, length) of chunk ``index`` of ``entry``."""
+    if entry.offsets:
+        off = entry.offsets[index]
+        end = entry.offsets[index + 1] if index + 1 < len(entry.offsets) else entry.size
+        return off, end - off
     off = index * chunk_size
     return off, min(chunk_size, entry.size - off)
+
+
+def cut_alike(a: FileEntry, a_chunk_size: int, b: FileEntry, b_chunk_size: int) -> bool:
+    """Whether chunk i of ``a`` (in a manifest of ``a_chunk_size``) covers the same bytes as
+    chunk i of ``b``, for every i: the same size, cut the same way."""
+    if a.size != b.size or bool(a.chunks) != bool(b.chunks) or a.offsets != b.offsets:
+        return False
+    return bool(a.offsets) or not a.chunks or a_chunk_size == b_chunk_size
+
+
+def chunk_starting_at(entry: FileEntry, offset: int, chunk_size: int) -> int | None:
+    """The index of the chunk of ``entry`` that starts at ``offset`` (None: none does)."""
+    if entry.offsets:
+        i = bisect.bisect_left(entry.offsets, offset)
+        return i if i < len(entry.offsets) and entry.offsets[i] == offset else None
+    i = offset // chunk_size
+    return i if i * chunk_size == offset else None
 
 
 def check_digest(digest: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 FICLONE = 0x40049409       # _IOW(0x94, 9, int)
 FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
+BLOCK = 4096               # the block size clones are aligned to (XFS and btrfs here)
 _REFUSED = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS,
             errno.EPERM}
 
@@ -90,8 +91,20 @@ def _copy_userspace(src_fd: int, src_offset: int, length: int, dst_fd: int, dst_
 
 def share_or_copy(src_fd: int, src_offset: int, length: int, dst_fd: int, dst_offset: int,
                   reflink: bool) -> bool:
-    """Clone if ``reflink`` and the kernel agrees, else copy. True if the range was cloned."""
+    """Clone if ``reflink`` and the kernel agrees, else copy. True if the range was cloned.
+
+    A range that starts or ends off a block boundary (chunks cut at tensors,
+    :mod:`bundle.chunking`) has its whole blocks cloned and the bytes on either side of
+    them, less than a block each, copied: that too counts as cloned."""
     if reflink and clone_range(src_fd, src_offset, length, dst_fd, dst_offset):
+        return True
+    head = -src_offset % BLOCK
+    middle = (length - head) // BLOCK * BLOCK if length > head else 0
+    if (reflink and middle and (dst_offset + head) % BLOCK == 0
+            and clone_range(src_fd, src_offset + head, middle, dst_fd, dst_offset + head)):
+        copy_range(src_fd, src_offset, head, dst_fd, dst_offset)
+        done = head + middle
+        copy_range(src_fd, src_offset + done, length - done, dst_fd, dst_offset + done)
         return True
     copy_range(src_fd, src_offset, length, dst_fd, dst_offset)
     return False

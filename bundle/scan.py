@@ -10,12 +10,12 @@ a bundle is regular files only.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import stat
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .chunking import FileHasher
 from .manifest import (
     DEFAULT_CHUNK_SIZE, MANIFEST_NAME, FileEntry, Manifest, ManifestError, Role, build_entries,
     check_relative_path,
@@ -55,22 +55,16 @@ def role_for(path: str, rules: Iterable[tuple[str, Role]]) -> Role:
     return Role.config
 
 
-def hash_file(path: Path, size: int, chunk_size: int, progress: Progress | None = None
-              ) -> tuple[str, tuple[str, ...]]:
-    """Whole-file sha256 and, for files over one chunk, per-chunk sha256s, in one read."""
-    whole = hashlib.sha256()
-    chunks: list[str] = []
+def hash_file(path: Path, size: int, chunk_size: int, progress: Progress | None = None,
+              chunking: str = "fixed") -> tuple[str, tuple[str, ...], tuple[int, ...]]:
+    """Whole-file sha256, per-chunk sha256s and chunk offsets (:mod:`bundle.chunking`), in one read."""
+    hasher = FileHasher(path.name, size, chunk_size, chunking)
     with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk_size)
-            if not block:
-                break
-            whole.update(block)
-            if size > chunk_size:
-                chunks.append(hashlib.sha256(block).hexdigest())
+        while block := f.read(chunk_size):
+            hasher.update(block)
             if progress:
                 progress(len(block))
-    return whole.hexdigest(), tuple(chunks)
+    return hasher.result()
 
 
 def walk_files(root: Path) -> list[tuple[str, int]]:
@@ -94,8 +88,10 @@ def walk_files(root: Path) -> list[tuple[str, int]]:
 
 
 def build_manifest(root: Path | str, rules: Iterable[tuple[str, Role]] = (),
-                   chunk_size: int = DEFAULT_CHUNK_SIZE, progress: Progress | None = None) -> Manifest:
-    """Hash every file under ``root`` and return its manifest (nothing is written)."""
+                   chunk_size: int = DEFAULT_CHUNK_SIZE, progress: Progress | None = None,
+                   chunking: str = "fixed") -> Manifest:
+    """Hash every file under ``root`` and return its manifest (nothing is written);
+    ``chunking``: how files are cut into chunks (:mod:`bundle.chunking`)."""
     root = Path(root)
     all_rules = list(rules)
     if (root / ROLES_FILE).is_file():
@@ -103,9 +99,9 @@ def build_manifest(root: Path | str, rules: Iterable[tuple[str, Role]] = (),
     all_rules += DEFAULT_RULES
     entries = []
     for rel, size in walk_files(root):
-        sha, chunks = hash_file(root / rel, size, chunk_size, progress)
+        sha, chunks, offsets = hash_file(root / rel, size, chunk_size, progress, chunking)
         entries.append(FileEntry(path=rel, size=size, sha256=sha, role=role_for(rel, all_rules),
-                                 chunks=chunks))
+                                 chunks=chunks, offsets=offsets))
     return build_entries(entries, chunk_size)
 
 

@@ -138,6 +138,42 @@ def test_rebase_on_xfs_clones_unchanged_chunks_and_writes_only_changes(tmp_path,
     assert (res.path / "config.json").stat().st_ino == (first.path / "config.json").stat().st_ino
 
 
+def cut_at_tensors(root: Path, sizes: dict[str, int], changed: str | None = None) -> tuple[Path, Manifest]:
+    """A bundle whose weights are a safetensors file of float32 tensors of the given
+    element counts (awkward, so that tensors start off block boundaries), cut at its
+    tensors; ``changed``: that tensor gets other values."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    root.mkdir(parents=True)
+    weights = {name: np.full(n, 1.5 if name == changed else 0.5, dtype=np.float32)
+               + np.arange(n, dtype=np.float32) for name, n in sizes.items()}
+    (root / "model.safetensors").write_bytes(save(weights))
+    (root / "config.json").write_bytes(b'{"layers": 2}')
+    m = build_manifest(root, chunk_size=CHUNK, chunking="tensors")
+    write_manifest(root, m)
+    return root, m
+
+
+@pytest.mark.parametrize("on", ["xfs", "ext4"])
+def test_a_rebase_of_a_bundle_cut_at_tensors_fetches_the_changed_tensor_alone(tmp_path, xfs_dir, on):
+    sizes = {"a": 70_001, "b": 150_003, "c": 33_333, "d": 120_007}
+    a_dir, a = cut_at_tensors(tmp_path / "a", sizes)
+    b_dir, b = cut_at_tensors(tmp_path / "b", sizes, changed="c")
+    store = Store((xfs_dir if on == "xfs" else tmp_path) / "store")
+    assert store.reflink is (on == "xfs")
+    store.materialize(a, open_source(uri(a_dir)))
+    res = store.materialize(b, open_source(uri(b_dir)), donor=a.digest)
+    assert res.method == "rebase" and res.verified
+    assert res.bytes_fetched == 33_333 * 4          # the tensor's bytes, not the chunks around them
+    weights = b.by_path()["model.safetensors"].size
+    assert res.bytes_reused == b.total_bytes - 33_333 * 4   # config.json linked, the rest cloned
+    if on == "xfs":   # the blocks around the tensor are cloned; the bytes beside its two ends copied
+        assert res.bytes_cloned == weights - 33_333 * 4
+        assert _shared_bytes(res.path / "model.safetensors") >= weights - 33_333 * 4 - 4 * 4096
+    assert_tree_equals(res.path, b_dir, b)
+
+
 def _shared_bytes(p: Path) -> int:
     """Bytes of ``p`` in extents the filesystem reports as shared (filefrag -v)."""
     out = subprocess.run(["filefrag", "-v", str(p)], capture_output=True, text=True,
