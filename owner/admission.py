@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from bundle.model_revisions import is_admissible
-from bundle.manifest import FileEntry, Manifest, Role
+from bundle.manifest import FileEntry, Manifest, Role, chunk_range, cut_alike
 
 from .inplace import ChangedRange, NeedsReload, RangeCheck, RowStore, StagedUpdate, TensorPatch
 from .revisions import Revision, RevisionError, read_range_verified
@@ -55,7 +55,7 @@ def plan_ranges(current: Manifest, target: Manifest, layouts: dict[str, Layout],
             raise NeedsReload(f"{path}: the backend holds no layout for this weights file")
         if not b.chunks:
             ranges.append(ChangedRange(path, 0))
-        elif current.chunk_size == target.chunk_size and a.chunks:
+        elif cut_alike(a, current.chunk_size, b, target.chunk_size):
             ranges += [ChangedRange(path, i) for i, (x, y) in enumerate(zip(a.chunks, b.chunks)) if x != y]
         else:
             ranges += [ChangedRange(path, i) for i in range(len(b.chunks))]
@@ -149,13 +149,13 @@ def stage(store: RowStore, current: Manifest, target: Revision) -> StagedUpdate:
     checks, baseline, total = [], [], 0
     for rng, data in zip(ranges, _read_ranges(target, ranges)):
         entry, layout = entries[rng.path], layouts[rng.path]
-        off = rng.index * target.manifest.chunk_size if entry.chunks else 0
+        off = chunk_range(entry, rng.index, target.manifest.chunk_size)[0] if entry.chunks else 0
         end = off + len(data)
         total += len(data)
         digest = entry.chunks[rng.index] if entry.chunks else entry.sha256  # just verified equal
         checks.append(RangeCheck(rng.path, off, len(data), digest))
         before = current.by_path()[rng.path]
-        if current.chunk_size == target.manifest.chunk_size and bool(before.chunks) == bool(entry.chunks):
+        if cut_alike(before, current.chunk_size, entry, target.manifest.chunk_size):
             old_digest = before.chunks[rng.index] if before.chunks else before.sha256
             baseline.append(RangeCheck(rng.path, off, len(data), old_digest))
         if off < layout.data_start:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundle.manifest import (DIGEST_RE, MANIFEST_NAME, FileEntry, Manifest, ManifestError, check_digest,
-                             revision_dirname)
+                             chunk_range, revision_dirname)
 from bundle.scan import read_manifest
 
 
@@ -127,7 +127,8 @@ def map_verified(rev: Revision, entry: FileEntry) -> mmap.mmap:
         raise
     if bad is not None:
         mm.close()
-        where = f"chunk {bad} (bytes {bad * rev.manifest.chunk_size}..)" if entry.chunks else "sha256"
+        where = (f"chunk {bad} (bytes {chunk_range(entry, bad, rev.manifest.chunk_size)[0]}..)"
+                 if entry.chunks else "sha256")
         raise IntegrityError(f"{entry.path}: {where} does not match the manifest")
     return mm
 
@@ -139,7 +140,8 @@ def _first_bad_chunk(mm: mmap.mmap, entry: FileEntry, chunk: int) -> int | None:
     view = memoryview(mm)
     try:
         def digest(i: int) -> str:
-            return hashlib.sha256(view[i * chunk:(i + 1) * chunk]).hexdigest()
+            off, length = chunk_range(entry, i, chunk)
+            return hashlib.sha256(view[off:off + length]).hexdigest()
 
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             got = pool.map(digest, range(len(entry.chunks)))
@@ -170,9 +172,10 @@ def verify_tree(rev: Revision) -> None:
 
 def read_range_verified(rev: Revision, entry: FileEntry, index: int) -> bytes:
     """Chunk ``index`` of a file (the whole file if it has no chunks), hash-checked."""
-    chunk = rev.manifest.chunk_size
-    off, expected = (index * chunk, entry.chunks[index]) if entry.chunks else (0, entry.sha256)
-    length = min(chunk, entry.size - off) if entry.chunks else entry.size
+    if entry.chunks:
+        (off, length), expected = chunk_range(entry, index, rev.manifest.chunk_size), entry.chunks[index]
+    else:
+        off, length, expected = 0, entry.size, entry.sha256
     with open(rev.file(entry), "rb") as f:
         f.seek(off)
         data = f.read(length)

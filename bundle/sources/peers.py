@@ -42,7 +42,7 @@ from typing import Callable, Iterator
 import requests
 
 from ..errors import IntegrityMismatch, SourceUnavailable
-from ..manifest import MAX_MANIFEST_BYTES, FileEntry, Manifest, chunk_range
+from ..manifest import MAX_MANIFEST_BYTES, FileEntry, Manifest, chunk_range, chunk_starting_at
 from ..plan import content_key
 from .ranged import RangedReader, RetryPolicy
 from .source import Source, check_range, verify_manifest
@@ -172,8 +172,8 @@ class PeeredSource(Source):
     def _chunks(self, entry: FileEntry, offset: int, length: int) -> list[int] | None:
         if not entry.chunks:
             return [0] if (offset, length) == (0, entry.size) else None
-        first = offset // self.chunk_size
-        if offset != first * self.chunk_size:
+        first = chunk_starting_at(entry, offset, self.chunk_size)
+        if first is None:
             return None
         out, end = [], offset + length
         for i in range(first, len(entry.chunks)):

@@ -254,3 +254,26 @@ def test_a_peer_that_resets_its_connection_between_requests_leaves_no_traceback(
     time.sleep(0.5)   # the server's thread reads the reset
     assert peers.count("node-1", "no-token") == 1
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_revision_cut_at_tensors_comes_from_the_peers_chunk_by_chunk(peers):
+    """Chunks of unequal lengths (``--chunking tensors``): each segment a peer is asked for
+    starts where a chunk does, and every chunk is checked before it is handed on."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    cut = peers.tmp / "cut"
+    cut.mkdir()
+    (cut / "model.safetensors").write_bytes(save({f"t{i}": np.arange(n, dtype=np.float32)
+                                                  for i, n in enumerate((70_001, 150_003, 33_333, 300_007))}))
+    manifest = build_manifest(cut, chunk_size=CHUNK, chunking="tensors")
+    write_manifest(cut, manifest)
+    assert manifest.files[0].offsets and len(set(np.diff(manifest.files[0].offsets))) > 2
+    for server in peers.servers.values():
+        server.store.materialize(manifest, FileSource(f"file://{cut}"))
+    source = PeeredSource(CountingOrigin(f"file://{cut}", down=True), peers.peers(), segment_bytes=SEGMENT)
+    store = Store(peers.tmp / "node-3")
+    res = store.materialize(source.fetch_manifest(manifest.digest), source, mode="WholeBundle")
+    assert res.verified and source.tally.origin == 0 and source.tally.from_peers == manifest.total_bytes
+    assert min(source.tally.peers.values()) > 0 and not source.tally.down
+    assert (res.path / "model.safetensors").read_bytes() == (cut / "model.safetensors").read_bytes()

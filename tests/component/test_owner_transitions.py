@@ -189,6 +189,26 @@ def test_in_place_transition_succeeds_with_timings_metrics_and_parity(volume, re
         assert 'resident_owner_state{state="ready"} 1.0' in metrics
 
 
+def test_in_place_applies_a_bundle_cut_at_its_tensors_and_checks_its_chunks(tmp_path, volume, reference):
+    """The same revisions with chunks cut at tensors (``--chunking tensors``): the owner finds
+    the changed chunks by their offsets, patches the rows, and its chunk check passes."""
+    old_vol, d = volume
+    vol, cut = tmp_path / "vol", {}
+    for name in ("base", "rows"):
+        src = tmp_path / name
+        shutil.copytree(open_revision(old_vol, d[name]).dir, src)
+        manifest = build_manifest(src, chunk_size=64 * 1024, chunking="tensors")
+        assert any(f.offsets for f in manifest.files)
+        write_manifest(src, manifest)
+        cut[name] = stage_revision(vol, src, make_current=name == "base", hardlink=False)
+    assert cut["rows"] != d["rows"]
+    with serving(vol, CpuBackend(verify_chunks=True)) as c:
+        st = c.transition(cut["rows"])
+        assert (st["result"], st["strategy"]) == ("succeeded", "InPlace"), st
+        assert 0 < st["rowsChanged"]
+        assert c.generate().json()["tokens"] == reference[d["rows"]]
+
+
 def test_auto_reloads_when_not_admissible_and_reuses_graph_only_when_unchanged(volume, reference):
     vol, d = volume
     with serving(vol) as c:
