@@ -13,10 +13,12 @@ pin that.
 manifest is *made*: the repository's tree at the commit is listed (path, size and, for
 LFS files, the sha256 the Hub keeps as the LFS oid), and each file is read once and hashed
 the way ``resident bundle build`` hashes a directory: whole-file sha256, per-chunk sha256
-of fixed ``chunk``-sized chunks, roles by :data:`bundle.scan.DEFAULT_RULES`. So the bundle
-of ``hf://org/name@C`` is byte for byte the bundle ``resident bundle build`` makes of a
-download of ``org/name`` at ``C`` (without the files named by :data:`LEFT_OUT`, which
-describe the repository, not the model). While hashing, every file is checked against
+(chunks of ``chunk`` bytes at most, cut as ``chunking`` says: fixed slices by default, or
+``chunking=tensors`` at a safetensors file's tensors, :mod:`bundle.chunking`), roles by
+:data:`bundle.scan.DEFAULT_RULES`. So the bundle of ``hf://org/name@C`` is byte for byte
+the bundle ``resident bundle build [--chunking tensors]`` makes of a download of
+``org/name`` at ``C`` (without the files named by :data:`LEFT_OUT`, which describe the
+repository, not the model). While hashing, every file is checked against
 what the Hub says it is: an LFS file against its LFS oid, any other file against its git
 blob id; a file that does not match is :class:`~bundle.errors.IntegrityMismatch`.
 
@@ -60,6 +62,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import requests
 
+from ..chunking import CHUNKINGS, FileHasher, cut_as
 from ..errors import AccessDenied, IntegrityMismatch, SourceUnavailable
 from ..manifest import (DEFAULT_CHUNK_SIZE, MANIFEST_NAME, FileEntry, Manifest, ManifestError,
                         build_entries, check_digest)
@@ -69,7 +72,7 @@ from .ranged import RangedReader, RetryPolicy, TransientUnavailable
 from .source import Source, check_range, endpoint_option, query_options
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-OPTIONS = ("endpoint", "chunk")
+OPTIONS = ("endpoint", "chunk", "chunking")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 # the Hub's repository names: letters, digits, '-', '_', '.'; no '--' or '..'; at most 96
 NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
@@ -99,10 +102,12 @@ class HfLocation:
     revision: str      # a commit (40 hex) once pinned; a ref name is kept to be explained
     endpoint: str      # "http(s)://host[:port]"
     chunk_size: int
+    chunking: str = "fixed"   # how files are cut into chunks (bundle.chunking)
 
     @classmethod
     def parse(cls, uri: str) -> "HfLocation":
-        usage = "expected hf://org/name@<commit sha, 40 hex>[?endpoint=http(s)://host:port][&chunk=BYTES]"
+        usage = ("expected hf://org/name@<commit sha, 40 hex>[?endpoint=http(s)://host:port]"
+                 "[&chunk=BYTES][&chunking=fixed|tensors]")
         try:
             parts = urlsplit(uri)
             query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
@@ -129,7 +134,10 @@ class HfLocation:
         if not chunk.isdigit() or int(chunk) % 4096 or not MIN_CHUNK <= int(chunk) <= MAX_CHUNK:
             raise ManifestError(f"{uri!r}: chunk {chunk!r} must be a number of bytes, a multiple of "
                                 f"4096 from {MIN_CHUNK} to {MAX_CHUNK}")
-        return cls(repo_id, revision, endpoint, int(chunk))
+        chunking = opts.get("chunking", "fixed")
+        if chunking not in CHUNKINGS:
+            raise ManifestError(f"{uri!r}: chunking {chunking!r} must be one of {', '.join(CHUNKINGS)}")
+        return cls(repo_id, revision, endpoint, int(chunk), chunking)
 
     @property
     def pinned(self) -> bool:
@@ -142,6 +150,8 @@ class HfLocation:
             query.append(f"endpoint={self.endpoint}")
         if self.chunk_size != DEFAULT_CHUNK_SIZE:
             query.append(f"chunk={self.chunk_size}")
+        if self.chunking != "fixed":
+            query.append(f"chunking={self.chunking}")
         return f"hf://{self.repo_id}@{revision or self.revision}" + ("?" + "&".join(query) if query else "")
 
     @property
@@ -314,41 +324,35 @@ class HfSource(Source):
         with _made_lock:
             known = [*self.known, *MADE.values()]
         by_content = {(e.sha256, e.size): e for m in known for e in m.files
-                      if m.chunk_size == self.loc.chunk_size}
+                      if m.chunk_size == self.loc.chunk_size
+                      and cut_as(e, m.chunk_size, self.loc.chunking)}
         entries = []
         for f in files:
             role = role_for(f.path, DEFAULT_RULES)
             seen = by_content.get((f.lfs_sha256, f.size)) if f.lfs_sha256 else None
             if seen is not None:
                 entries.append(FileEntry(path=f.path, size=f.size, sha256=seen.sha256, role=role,
-                                         chunks=seen.chunks))
+                                         chunks=seen.chunks, offsets=seen.offsets))
                 if progress:
                     progress(f.size)
                 continue
-            sha, chunks = self.hash_file(f, progress)
-            entries.append(FileEntry(path=f.path, size=f.size, sha256=sha, role=role, chunks=chunks))
+            sha, chunks, offsets = self.hash_file(f, progress)
+            entries.append(FileEntry(path=f.path, size=f.size, sha256=sha, role=role, chunks=chunks,
+                                     offsets=offsets))
         return build_entries(entries, self.loc.chunk_size)
 
     def hash_file(self, f: RepoFileInfo, progress: Callable[[int], None] | None
-                  ) -> tuple[str, tuple[str, ...]]:
-        """Read a file once: its sha256, its chunk digests, checked against the listing."""
-        size, chunk_size = f.size, self.loc.chunk_size
-        whole, blob = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
-        chunks: list[str] = []
-        pending = bytearray()
-        for block in self.reader.read(self.file_url(f.path), 0, size, f.path, f.lfs_sha256 or f.blob_id):
-            whole.update(block)
+                  ) -> tuple[str, tuple[str, ...], tuple[int, ...]]:
+        """Read a file once: its sha256, chunk digests and offsets, checked against the listing."""
+        hasher = FileHasher(f.path, f.size, self.loc.chunk_size, self.loc.chunking)
+        blob = hashlib.sha1(b"blob %d\0" % f.size)
+        for block in self.reader.read(self.file_url(f.path), 0, f.size, f.path, f.lfs_sha256 or f.blob_id):
+            hasher.update(block)
             if f.lfs_sha256 is None:
                 blob.update(block)
-            pending += block
-            while len(pending) >= chunk_size and size > chunk_size:
-                chunks.append(hashlib.sha256(pending[:chunk_size]).hexdigest())
-                del pending[:chunk_size]
             if progress:
                 progress(len(block))
-        if size > chunk_size and pending:
-            chunks.append(hashlib.sha256(pending).hexdigest())
-        sha = whole.hexdigest()
+        sha, chunks, offsets = hasher.result()
         where = f"{self.loc.where}, commit {self.commit()}"
         if f.lfs_sha256 is not None and sha != f.lfs_sha256:
             raise IntegrityMismatch(f.path, f.lfs_sha256, sha,
@@ -356,7 +360,7 @@ class HfSource(Source):
         if f.lfs_sha256 is None and blob.hexdigest() != f.blob_id:
             raise IntegrityMismatch(f.path, f.blob_id, blob.hexdigest(),
                                     detail=f"served by {where}: git blob id, not the file the tree lists")
-        return sha, tuple(chunks)
+        return sha, chunks, offsets
 
     def manifest_bytes(self, digest: str) -> bytes:
         return self.manifest().canonical_json()

@@ -132,6 +132,33 @@ def test_two_commits_differing_in_one_tensor_move_only_that_tensors_chunks(hub, 
     assert mb.graph_digest == ma.graph_digest   # config unchanged: an in-place candidate
 
 
+def test_with_chunks_cut_at_tensors_a_changed_tensor_moves_alone(hub, repo, tmp_path):
+    first = tensors(1, elements=50_001)   # tensors that start off block and chunk boundaries
+    a = repo.commit(model_files(first))
+    second = dict(first, **{"layers.3.weight": tensors(3, elements=50_001)["layers.3.weight"]})
+    new_file = save(second)
+    b = repo.commit({"model.safetensors": new_file})
+    cut = lambda commit: uri_of(hub, repo, commit) + "&chunking=tensors"   # noqa: E731
+    store = Store(tmp_path / "store")
+    with open_source(cut(a), FAST) as src:
+        ma = src.manifest()
+        store.materialize(ma, src)
+    with HfSource(cut(b), FAST, known=[ma]) as src:
+        mb = src.manifest()
+        before = fetched()
+        res = store.materialize(mb, src, donor=ma.digest)
+    start, end = span(new_file, "layers.3.weight")
+    assert res.bytes_fetched == fetched() - before == end - start
+    assert (store.revision_path(mb.digest) / "model.safetensors").read_bytes() == new_file
+    # the bundle resident bundle build --chunking tensors makes of the same files
+    (tmp_path / "b").mkdir()
+    for name, data in {**model_files(second)}.items():
+        if name != "README.md":
+            (tmp_path / "b" / name).write_bytes(data)
+    assert mb.digest == build_manifest(tmp_path / "b", chunk_size=CHUNK, chunking="tensors").digest
+    assert mb.digest != build_manifest(tmp_path / "b", chunk_size=CHUNK).digest
+
+
 def test_a_branch_is_refused_with_the_commit_it_points_at_now(hub, repo, capsys):
     first = repo.commit(model_files(tensors(1)))
     uri = f"hf://{repo.repo_id}@main?endpoint={hub[0]}"

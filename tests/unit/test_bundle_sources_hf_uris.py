@@ -26,6 +26,9 @@ def test_an_hf_uri_names_repository_commit_server_and_chunk():
     assert loc.uri() == f"hf://Org-1/my.model_v2@{SHA}?endpoint=http://127.0.0.1:8090&chunk=65536"
     hub = HfLocation.parse(f"hf://org/name@{SHA}")
     assert (hub.endpoint, hub.chunk_size, hub.uri()) == (DEFAULT_ENDPOINT, DEFAULT_CHUNK_SIZE, f"hf://org/name@{SHA}")
+    cut = HfLocation.parse(f"hf://org/name@{SHA}?chunking=tensors&chunk=65536")
+    assert (cut.chunking, hub.chunking) == ("tensors", "fixed")
+    assert cut.uri() == f"hf://org/name@{SHA}?chunk=65536&chunking=tensors"
     branch = HfLocation.parse("hf://org/name@main")      # parsed, to be explained by the source
     assert not branch.pinned and branch.uri(SHA) == f"hf://org/name@{SHA}"
 
@@ -46,6 +49,7 @@ def test_an_hf_uri_names_repository_commit_server_and_chunk():
     (f"hf://org/name@{SHA}?chunk=4096", "from 65536"),
     (f"hf://org/name@{SHA}?chunk=64KiB", "must be a number of bytes"),
     (f"hf://org/name@{SHA}?revision=main", "unknown parameter revision"),
+    (f"hf://org/name@{SHA}?chunking=rows", "chunking 'rows' must be one of fixed, tensors"),
     (f"hf://org/name@{SHA}?chunk=65536&chunk=65536", "given more than once"),
     (f"hf://org/name@{SHA}#x", "expected hf://org/name@"),
 ])
