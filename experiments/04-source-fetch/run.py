@@ -103,8 +103,9 @@ def tensor_span(data: bytes, name: str) -> tuple[int, int, int]:
     return 8 + n, 8 + n + start, 8 + n + end
 
 
-def hf_uri(endpoint: str, commit: str) -> str:
-    return f"hf://{HF_REPO}@{commit}?endpoint={endpoint}&chunk={CHUNK}"
+def hf_uri(endpoint: str, commit: str, chunking: str = "fixed") -> str:
+    cut = "&chunking=tensors" if chunking == "tensors" else ""
+    return f"hf://{HF_REPO}@{commit}?endpoint={endpoint}&chunk={CHUNK}{cut}"
 
 
 # -- fetching -------------------------------------------------------------------------
@@ -203,21 +204,24 @@ def hf_fetched() -> float:
     return FETCHED_BYTES.labels("hf")._value.get()
 
 
-def one_tensor_delta(repo: HubRepo, endpoint: str, bundle: Path, commit_a: str, digest: str,
-                     work: Path) -> dict:
-    """Commit B = A with tensor CHANGED replaced; deliver A to an empty store, then B with A
-    as donor the way the bridge stages it; the bytes each step moved."""
+def commit_one_tensor_changed(repo: HubRepo, bundle: Path) -> str:
+    """Commit B = A with tensor CHANGED replaced (same dtype and shape: the header is unchanged)."""
     data = bytearray((bundle / WEIGHTS).read_bytes())
-    header, start, end = tensor_span(bytes(data), CHANGED)
-    data[start:end] = os.urandom(end - start)   # same dtype and shape: the header is unchanged
-    commit_b = repo.commit({WEIGHTS: bytes(data)}, f"replace {CHANGED}")
-    del data
+    _, start, end = tensor_span(bytes(data), CHANGED)
+    data[start:end] = os.urandom(end - start)
+    return repo.commit({WEIGHTS: bytes(data)}, f"replace {CHANGED}")
+
+
+def one_tensor_delta(endpoint: str, commit_a: str, commit_b: str, work: Path,
+                     chunking: str = "fixed") -> dict:
+    """Deliver commit A to an empty store, then B with A as donor the way the bridge stages
+    it, both made with ``chunking``; the bytes each step moved."""
     MADE.clear()
-    store = Store(work / "store")
+    store = Store(work / f"store-{chunking}")
     first_answers = RangeAnswers()
-    with open_source(hf_uri(endpoint, commit_a)) as src:   # a node that holds nothing yet
+    with open_source(hf_uri(endpoint, commit_a, chunking)) as src:   # a node that holds nothing yet
         src.session.hooks["response"].append(first_answers)
-        ma = src.fetch_manifest(digest)
+        ma = src.manifest()
         made_a = first_answers.tally()
         t0 = time.perf_counter()
         first = store.materialize(ma, src)   # contiguous chunks: one Range request per file
@@ -225,7 +229,7 @@ def one_tensor_delta(repo: HubRepo, endpoint: str, bundle: Path, commit_a: str, 
         first_requests = first_answers.tally(since=made_a["requests"])
 
     answers = RangeAnswers()
-    with open_source(hf_uri(endpoint, commit_b)) as src:
+    with open_source(hf_uri(endpoint, commit_b, chunking)) as src:
         src.session.hooks["response"].append(answers)
         before, t0 = hf_fetched(), time.perf_counter()
         mb = src.manifest()          # what fetch_manifest(B's digest) makes, A's manifest known
@@ -237,11 +241,15 @@ def one_tensor_delta(repo: HubRepo, endpoint: str, bundle: Path, commit_a: str, 
         delivered = answers.tally(since=made["requests"])
     new, old = mb.by_path()[WEIGHTS], ma.by_path()[WEIGHTS]
     changed_chunks = [i for i, (a, b) in enumerate(zip(old.chunks, new.chunks)) if a != b]
-    return {"tensor": CHANGED, "tensor_bytes": end - start, "tensor_start": start, "tensor_end": end,
+    header, start, end = tensor_span((store.revision_path(mb.digest) / WEIGHTS).read_bytes(), CHANGED)
+    return {"chunking": chunking, "tensor": CHANGED, "tensor_bytes": end - start,
+            "tensor_start": start, "tensor_end": end,
             "safetensors_header_bytes": header, "manifest_bytes": len(mb.canonical_json()),
             "weights_bytes": new.size, "chunk_bytes": mb.chunk_size,
             "chunks_touched_by_tensor": (end - 1) // mb.chunk_size - start // mb.chunk_size + 1,
-            "chunks_changed": changed_chunks, "commit_a": commit_a, "commit_b": commit_b,
+            "chunks_changed": changed_chunks,
+            "changed_chunk_bytes": sum(chunk_range(new, i, mb.chunk_size)[1] for i in changed_chunks),
+            "commit_a": commit_a, "commit_b": commit_b,
             "digest_a": ma.digest, "digest_b": mb.digest,
             "first_delivery_fetched_bytes": first.bytes_fetched, "first_delivery_seconds": first_seconds,
             "first_delivery_requests": first_requests,
@@ -301,11 +309,14 @@ def main() -> None:
                 for arm, uri in uris.items() if arm != "hf"}
         arms["hf"] = lambda: fetch_hf(uris["hf"], digest)
         samples = benchkit.run_rounds(args.rounds, arms)
-        delta = one_tensor_delta(repo, hub_endpoint, bundle, commit_a, digest, tmp)
+        commit_b = commit_one_tensor_changed(repo, bundle)
+        delta = one_tensor_delta(hub_endpoint, commit_a, commit_b, tmp)
+        delta_tensors = one_tensor_delta(hub_endpoint, commit_a, commit_b, tmp, "tensors")
     MADE.clear()
     raw = {"bundle_mib": args.mib, "chunk_bytes": CHUNK, "rounds": args.rounds, "tensors": TENSORS,
            "bundle_digest": digest, "uris": {k: v.replace(str(tmp), "TMP") for k, v in uris.items()},
-           **benchkit.provenance(before, benchkit.machine()), "samples": samples, "delta": delta}
+           **benchkit.provenance(before, benchkit.machine()), "samples": samples, "delta": delta,
+           "delta_tensors": delta_tensors}
     summary = recompute(raw)
     args.out.mkdir(parents=True, exist_ok=True)
     benchkit.write(args.out, raw, summary)
@@ -346,25 +357,35 @@ def recompute(raw: dict) -> dict:
                                  "met": summary["ratios"][name] is not None and summary["ratios"][name] <= want}
                           for name, want in targets.items()}
 
-    d = raw["delta"]
-    limit = d["tensor_bytes"] + d["safetensors_header_bytes"] + d["manifest_bytes"]
-    summary["delta"] = {
-        "tensor_bytes": d["tensor_bytes"], "chunk_bytes": d["chunk_bytes"],
-        "metadata_bytes": d["safetensors_header_bytes"] + d["manifest_bytes"],
-        "chunk_span_bytes": d["chunks_touched_by_tensor"] * d["chunk_bytes"],
-        "delivery_fetched_bytes": d["delivery_fetched_bytes"],
-        # the delivery moved exactly the chunks the tensor's bytes lie in, nothing else
-        "delivery_is_chunk_span": d["delivery_fetched_bytes"] == d["chunks_touched_by_tensor"] * d["chunk_bytes"],
-        "delivery_wire_bytes_at_least": d["delivery_requests"]["wire_bytes_at_least"],
-        "make_read_bytes": d["make_read_bytes"],
-        "node_bytes": d["make_read_bytes"] + d["delivery_fetched_bytes"]}
-    summary["targets"]["hf_delta_delivery"] = {
-        "target_bytes": limit, "bytes": d["delivery_fetched_bytes"],
-        "met": d["delivery_fetched_bytes"] <= limit}
-    summary["targets"]["hf_delta_node"] = {    # the same target for all the node reads
-        "target_bytes": limit, "bytes": summary["delta"]["node_bytes"],
-        "met": summary["delta"]["node_bytes"] <= limit}
+    for key, suffix in (("delta", ""), ("delta_tensors", "_tensors")):
+        if key in raw:   # delta_tensors: runs since chunking=tensors (2026-12-06)
+            summary[key], delivery, node = delta_summary(raw[key])
+            summary["targets"][f"hf_delta_delivery{suffix}"] = delivery
+            summary["targets"][f"hf_delta_node{suffix}"] = node   # the same target, all the node read
     return summary
+
+
+def delta_summary(d: dict) -> tuple[dict, dict, dict]:
+    """What one one-tensor delta moved, and the issue's limit (tensor + safetensors header +
+    manifest) held against the delivery and against all the node read."""
+    limit = d["tensor_bytes"] + d["safetensors_header_bytes"] + d["manifest_bytes"]
+    span = d["chunks_touched_by_tensor"] * d["chunk_bytes"]
+    moved = d.get("changed_chunk_bytes", span)   # the earlier runs' chunks were fixed slices
+    node = d["make_read_bytes"] + d["delivery_fetched_bytes"]
+    summary = {
+        "chunking": d.get("chunking", "fixed"), "tensor_bytes": d["tensor_bytes"],
+        "chunk_bytes": d["chunk_bytes"],
+        "metadata_bytes": d["safetensors_header_bytes"] + d["manifest_bytes"],
+        "chunk_span_bytes": span, "changed_chunk_bytes": moved,
+        "delivery_fetched_bytes": d["delivery_fetched_bytes"],
+        # the delivery moved exactly the chunks that changed, nothing else
+        "delivery_is_changed_chunks": d["delivery_fetched_bytes"] == moved,
+        "delivery_wire_bytes_at_least": d["delivery_requests"]["wire_bytes_at_least"],
+        "make_read_bytes": d["make_read_bytes"], "node_bytes": node}
+    return (summary,
+            {"target_bytes": limit, "bytes": d["delivery_fetched_bytes"],
+             "met": d["delivery_fetched_bytes"] <= limit},
+            {"target_bytes": limit, "bytes": node, "met": node <= limit})
 
 
 if __name__ == "__main__":

@@ -26,10 +26,11 @@ if "delta" in raw:
     for s in raw["samples"]:
         if s["arm"] == "hf" and not (s["make_seconds"] > 0 and s["make_requests"]["requests"] > 0):
             raise SystemExit(f"hf round {s['round']}: the manifest was not made in the sample")
-    d = raw["delta"]
-    if d["delivery_fetched_bytes"] != d["delivery_metric_bytes"]:
-        raise SystemExit(f"one-tensor delivery: the store counted {d['delivery_fetched_bytes']} bytes "
-                         f"fetched, the source's metric {d['delivery_metric_bytes']}")
+    for d in (raw[k] for k in ("delta", "delta_tensors") if k in raw):
+        if d["delivery_fetched_bytes"] != d["delivery_metric_bytes"]:
+            raise SystemExit(f"one-tensor delivery ({d.get('chunking', 'fixed')}): the store counted "
+                             f"{d['delivery_fetched_bytes']} bytes fetched, the source's metric "
+                             f"{d['delivery_metric_bytes']}")
 benchkit.verify(folder, recompute)
 summary = json.loads((folder / "summary.json").read_text())
 for name, t in summary.get("targets", {}).items():
