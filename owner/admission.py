@@ -69,8 +69,9 @@ def _stage_tensor(store: RowStore, slot, a: int, b: int, new: bytes,
     Compares values as bit patterns (unsigned integers of the dtype's width) in place
     against the live tensor (no copy of it) and reduces the comparison per row; only the
     rows that differ are copied and patched. ``a`` and ``b`` fall on value boundaries when
-    the tensor starts on one of its dtype's width: chunk sizes are multiples of 4096, and
-    safetensors writes the widest dtypes first after a header padded to 8 bytes. A tensor
+    the tensor starts on one of its dtype's width: chunks start at multiples of 4096 or
+    where a tensor starts or ends (bundle.chunking), and safetensors writes the widest
+    dtypes first after a header padded to 8 bytes. A tensor
     that starts elsewhere may still keep its bytes; it cannot change in place."""
     width = DTYPE_BYTES[slot.dtype]
     if len(slot.shape) != 2 or (a - slot.start) % width or (b - slot.start) % width:
