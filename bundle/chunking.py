@@ -11,8 +11,9 @@ Two ways, named by the word a user gives (``resident bundle build --chunking``, 
   boundaries around it, and the pieces in between are at most the chunk size, counted
   from a 4 KiB boundary: every chunk but the few bytes on either side of a cut starts and
   ends on 4 KiB, which reflink clones need (:mod:`bundle.reflink`). The entry lists where
-  each chunk starts (``offsets``). Every other file, and a file whose header does not
-  parse as safetensors, is cut as ``fixed``.
+  each chunk starts (``offsets``). Every other file, a file whose header does not parse
+  as safetensors, and one with more than :data:`MAX_CUTS` tensor boundaries (which would
+  make a manifest of millions of chunks) are cut as ``fixed``.
 
 The same bytes with the same chunking always give the same chunks, so a digest pins a
 chunking too: ``tensors`` makes other bundle digests than ``fixed`` for the same files.
@@ -29,6 +30,7 @@ from .reflink import BLOCK as ALIGN
 
 CHUNKINGS = ("fixed", "tensors")
 MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_CUTS = 65_536   # a file with more tensor boundaries is cut in fixed slices: a bounded manifest
 
 
 def check_chunking(chunking: str) -> str:
@@ -55,7 +57,8 @@ def tensor_cuts(prefix: bytes, size: int) -> list[int] | None:
         cuts = {8 + n} | {8 + n + int(x) for span in spans for x in span}
     except (ValueError, TypeError, KeyError, AttributeError):
         return []
-    return sorted(c for c in cuts if 0 < c < size)
+    inside = sorted(c for c in cuts if 0 < c < size)
+    return inside if len(inside) <= MAX_CUTS else []
 
 
 def tensor_offsets(cuts: list[int], size: int, chunk_size: int) -> tuple[int, ...]:

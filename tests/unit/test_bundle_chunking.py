@@ -87,6 +87,14 @@ def test_what_is_not_a_safetensors_file_is_cut_in_fixed_slices():
     assert other.result()[2] == ()
 
 
+def test_a_file_of_too_many_tensors_is_cut_in_fixed_slices(monkeypatch):
+    import bundle.chunking
+    data = save(weights())   # 5 tensors: 5 cuts inside the file (the last ends it)
+    assert cut(data)[2]
+    monkeypatch.setattr(bundle.chunking, "MAX_CUTS", 4)
+    assert cut(data) == cut(data, "fixed")
+
+
 def test_a_file_that_ends_inside_its_header_is_hashed_and_comes_out_short():
     data = save(weights())
     hasher = FileHasher("model.safetensors", len(data), CHUNK, "tensors")
