@@ -6,6 +6,7 @@ an apply is rolled back, or the result names the revision that serves.
 """
 
 import re
+import shutil
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from bundle.manifest import revision_dirname
 from bundle.model_revisions import WEIGHTS_NAME, copy_base, seal
+from bundle.scan import build_manifest, write_manifest
 from owner import api
 from owner.backends.torch_lm import TorchBackend
 from owner.inplace import NeedsReload
@@ -97,6 +99,30 @@ def test_rows_change_in_place_and_the_owner_answers_as_transformers_on_the_new_r
         assert {n: t.data_ptr() for n, t in owner.backend.live.bound.items()} == live  # written in place
         st = transition(owner, base_digest, "InPlace")  # and back
         assert (st.result, st.strategy) == ("succeeded", "InPlace") and greedy(owner).tokens == before
+    finally:
+        owner.close()
+
+
+def test_a_checkpoint_cut_at_its_tensors_changes_rows_in_place_as_transformers_does(tmp_path, made):
+    """The same F32 revisions built with ``--chunking tensors``: the changed chunks are found
+    by their offsets and checked after the write."""
+    base, rows, before, after = made("F32", False)
+    cut = []
+    for d in (base, rows):
+        copy = tmp_path / d.name
+        shutil.copytree(d, copy)
+        manifest = build_manifest(copy, chunk_size=64 * 1024, chunking="tensors")
+        assert manifest.by_path()[WEIGHTS_NAME].offsets
+        write_manifest(copy, manifest)
+        cut.append(copy)
+    vol, (_, rows_digest) = volume_of(tmp_path, *cut)
+    owner = started(vol, TorchBackend(verify_chunks=True))
+    try:
+        assert greedy(owner).tokens == before
+        st = transition(owner, rows_digest, "InPlace")
+        assert (st.result, st.strategy, st.reason) == ("succeeded", "InPlace", "")
+        assert st.rows_changed == sum(map(len, rows_that_differ(base, rows).values()))
+        assert greedy(owner).tokens == after
     finally:
         owner.close()
 
