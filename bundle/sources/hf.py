@@ -62,7 +62,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import requests
 
-from ..chunking import CHUNKINGS, FileHasher, cut_as
+from ..chunking import FileHasher, check_chunking, cut_as
 from ..errors import AccessDenied, IntegrityMismatch, SourceUnavailable
 from ..manifest import (DEFAULT_CHUNK_SIZE, MANIFEST_NAME, FileEntry, Manifest, ManifestError,
                         build_entries, check_digest)
@@ -134,9 +134,10 @@ class HfLocation:
         if not chunk.isdigit() or int(chunk) % 4096 or not MIN_CHUNK <= int(chunk) <= MAX_CHUNK:
             raise ManifestError(f"{uri!r}: chunk {chunk!r} must be a number of bytes, a multiple of "
                                 f"4096 from {MIN_CHUNK} to {MAX_CHUNK}")
-        chunking = opts.get("chunking", "fixed")
-        if chunking not in CHUNKINGS:
-            raise ManifestError(f"{uri!r}: chunking {chunking!r} must be one of {', '.join(CHUNKINGS)}")
+        try:
+            chunking = check_chunking(opts.get("chunking", "fixed"))
+        except ManifestError as e:
+            raise ManifestError(f"{uri!r}: {e}") from None
         return cls(repo_id, revision, endpoint, int(chunk), chunking)
 
     @property
