@@ -39,6 +39,12 @@ def check_chunking(chunking: str) -> str:
     return chunking
 
 
+def cut_at_tensors(path: str, size: int, chunk_size: int) -> bool:
+    """Whether ``tensors`` chunking looks for tensors in this file: a safetensors file of
+    more than one chunk (it may still fall back to fixed slices: :func:`tensor_cuts`)."""
+    return path.endswith(".safetensors") and size > chunk_size
+
+
 def tensor_cuts(prefix: bytes, size: int) -> list[int] | None:
     """Where the safetensors header that ``prefix`` starts ends, and where each tensor
     starts and ends (absolute offsets); ``[]`` when these bytes are no safetensors header
@@ -84,7 +90,7 @@ class FileHasher:
         self.whole = hashlib.sha256()
         self.chunks: list[str] = []
         self.offsets: tuple[int, ...] | None = ()
-        if check_chunking(chunking) == "tensors" and path.endswith(".safetensors") and size > chunk_size:
+        if check_chunking(chunking) == "tensors" and cut_at_tensors(path, size, chunk_size):
             self.offsets = None   # decided by the header
         self._waiting = bytearray()
         self._chunk, self._pos, self._end = hashlib.sha256(), 0, self._chunk_end(0)
@@ -143,4 +149,4 @@ def cut_as(entry: FileEntry, chunk_size: int, chunking: str) -> bool:
     A safetensors file in fixed slices may have been a ``tensors`` fallback: not taken."""
     if chunking == "fixed":
         return not entry.offsets
-    return bool(entry.offsets) or not entry.path.endswith(".safetensors") or entry.size <= chunk_size
+    return bool(entry.offsets) or not cut_at_tensors(entry.path, entry.size, chunk_size)

@@ -100,7 +100,7 @@ def share_or_copy(src_fd: int, src_offset: int, length: int, dst_fd: int, dst_of
         return True
     head = -src_offset % BLOCK
     middle = (length - head) // BLOCK * BLOCK if length > head else 0
-    if (reflink and middle and (dst_offset + head) % BLOCK == 0
+    if (reflink and middle and (head or middle < length) and (dst_offset + head) % BLOCK == 0
             and clone_range(src_fd, src_offset + head, middle, dst_fd, dst_offset + head)):
         copy_range(src_fd, src_offset, head, dst_fd, dst_offset)
         done = head + middle
